@@ -1,0 +1,538 @@
+//! [`LoopbackBackend`]: one agent on a [`Fabric`], implementing the core trait.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use descriptor_core::{
+    Error, EventHook, Exposure, ExposureId, Notification, OperationKind, RegionId,
+    RegistrationBackend, Result, Segment, TransferId, TransferOp, TransferRequest, TransferState,
+};
+
+use crate::blob;
+use crate::fabric::{Agent, Fabric, Grant, LoadedPeer, lock, next_id};
+use crate::faults::FaultInjector;
+
+const NAME: &str = "loopback";
+const MAX_AGENT_NAME: usize = 255;
+
+/// An in-process agent that moves host memory with bounds-checked `memcpy`.
+///
+/// Not a mock: it keeps the regions each agent registered and the exposures
+/// (grants) each passive operation made, and checks every remote range of every
+/// transfer against them, so a forged pointer or size is an error, never a memory
+/// access. A readable's regions can only be read and a writable's only written,
+/// only by agents that loaded that operation's metadata, and only until the
+/// operation ends. Completion and notifications are asynchronous, as with NIXL.
+pub struct LoopbackBackend {
+    fabric: Fabric,
+    agent: Arc<Agent>,
+    local: Mutex<LocalRegions>,
+    transfers: Mutex<HashMap<u64, Arc<Transfer>>>,
+}
+
+#[derive(Default)]
+struct LocalRegions {
+    by_id: HashMap<RegionId, (Segment, bool)>,
+    /// (start, id) -> (end, writable): finds the region holding an address.
+    by_addr: BTreeMap<(usize, u64), (usize, bool)>,
+}
+
+impl std::fmt::Debug for LoopbackBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoopbackBackend")
+            .field("agent", &self.agent.name)
+            .field("fabric", &self.fabric.inner.id)
+            .finish()
+    }
+}
+
+impl LoopbackBackend {
+    /// Joins `fabric` as agent `name`; the name must be unique on the fabric.
+    pub fn new(fabric: &Fabric, name: &str) -> Result<LoopbackBackend> {
+        if name.is_empty() || name.len() > MAX_AGENT_NAME {
+            return Err(Error::Backend {
+                backend: NAME,
+                context: format!("create agent {name:?}"),
+                reason: format!("agent names are 1 to {MAX_AGENT_NAME} bytes"),
+            });
+        }
+        let agent = Arc::new(Agent::new(name));
+        if !fabric.join(Arc::clone(&agent)) {
+            return Err(Error::Backend {
+                backend: NAME,
+                context: format!("create agent {name:?}"),
+                reason: "an agent with that name is already on the fabric".into(),
+            });
+        }
+        Ok(LoopbackBackend {
+            fabric: fabric.clone(),
+            agent,
+            local: Mutex::new(LocalRegions::default()),
+            transfers: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Joins the process-wide default fabric ([`Fabric::global`]).
+    pub fn on_global_fabric(name: &str) -> Result<LoopbackBackend> {
+        LoopbackBackend::new(&Fabric::global(), name)
+    }
+
+    /// The fabric this agent is on.
+    pub fn fabric(&self) -> &Fabric {
+        &self.fabric
+    }
+
+    /// Arms faults on this agent (take it before moving the backend into a connector).
+    pub fn faults(&self) -> FaultInjector {
+        FaultInjector {
+            agent: Arc::clone(&self.agent),
+        }
+    }
+
+    fn gone(&self, context: impl Into<String>) -> Error {
+        Error::Backend {
+            backend: NAME,
+            context: context.into(),
+            reason: format!("agent {:?} has vanished from the fabric", self.agent.name),
+        }
+    }
+
+    fn denied(peer: &str, reason: String) -> Error {
+        Error::AccessDenied {
+            backend: NAME,
+            peer: peer.to_owned(),
+            reason,
+        }
+    }
+
+    /// Checks a request against what both sides really registered and exposed.
+    fn plan(&self, request: &TransferRequest<'_>) -> Result<Job> {
+        let peer_name = request.peer;
+        let (peer, grant_ids) = {
+            let loaded = lock(&self.agent.loaded);
+            let entry = loaded
+                .get(peer_name)
+                .ok_or_else(|| Self::denied(peer_name, "its metadata was never loaded".into()))?;
+            (entry.agent.upgrade(), entry.grants.clone())
+        };
+        let peer = peer
+            .filter(|p| !p.is_gone())
+            .ok_or_else(|| Self::denied(peer_name, "the peer has vanished".into()))?;
+        let access = match request.op {
+            TransferOp::Read => OperationKind::Read,
+            TransferOp::Write => OperationKind::Write,
+        };
+        let grants: Vec<Arc<Grant>> = grant_ids
+            .iter()
+            .filter_map(|&id| peer.grant(id))
+            .filter(|g| g.access == access)
+            .collect();
+        if request.local.len() != request.remote.len() {
+            return Err(Error::Backend {
+                backend: NAME,
+                context: format!("post {:?} to {peer_name}", request.op),
+                reason: format!(
+                    "{} local segments for {} remote segments",
+                    request.local.len(),
+                    request.remote.len()
+                ),
+            });
+        }
+        let regions = lock(&self.local);
+        let mut pairs = Vec::with_capacity(request.local.len());
+        for (index, (local, remote)) in request.local.iter().zip(request.remote).enumerate() {
+            if !local.device.is_host() || !remote.device.is_host() {
+                return Err(Error::Unsupported {
+                    backend: NAME,
+                    what: format!(
+                        "descriptor {index}: {} to {} (host memory only)",
+                        local.device, remote.device
+                    ),
+                });
+            }
+            if local.len != remote.len {
+                return Err(Error::SizeMismatch {
+                    index,
+                    local: local.len,
+                    remote: remote.len,
+                });
+            }
+            match regions.holding(local) {
+                Some(writable) if writable || request.op == TransferOp::Write => {}
+                Some(_) => {
+                    return Err(Error::ReadOnlyBuffer { index });
+                }
+                None => {
+                    return Err(Error::Backend {
+                        backend: NAME,
+                        context: format!("post {:?} to {peer_name}", request.op),
+                        reason: format!(
+                            "local descriptor {index} ({:#x}+{}) is not registered with agent {:?}",
+                            local.addr, local.len, self.agent.name
+                        ),
+                    });
+                }
+            }
+            let grant = grants.iter().position(|g| g.covers(remote)).ok_or_else(|| {
+                Self::denied(
+                    peer_name,
+                    format!(
+                        "remote descriptor {index} ({:#x}+{}) is not inside memory the peer exposed to this agent for {}",
+                        remote.addr,
+                        remote.len,
+                        match access {
+                            OperationKind::Read => "reading",
+                            OperationKind::Write => "writing",
+                        }
+                    ),
+                )
+            })?;
+            pairs.push((local.addr, remote.addr, local.len, grant));
+        }
+        Ok(Job {
+            op: request.op,
+            from: self.agent.name.clone(),
+            peer,
+            grants,
+            pairs,
+            notification: request.notification.to_vec(),
+            drop_notification: false,
+        })
+    }
+}
+
+impl LocalRegions {
+    /// Whether `segment` lies inside a registered region, and if so its writability.
+    fn holding(&self, segment: &Segment) -> Option<bool> {
+        let end = segment.end()?;
+        let candidate = self
+            .by_addr
+            .range(..=(segment.addr, u64::MAX))
+            .next_back()
+            .filter(|(_, (region_end, _))| *region_end >= end)
+            .map(|(_, &(_, writable))| writable);
+        candidate.or_else(|| {
+            self.by_id
+                .values()
+                .find(|(region, _)| region.contains(segment))
+                .map(|&(_, writable)| writable)
+        })
+    }
+}
+
+impl Drop for LoopbackBackend {
+    fn drop(&mut self) {
+        self.agent.vanished.store(true, Ordering::Release);
+        self.fabric.leave(&self.agent);
+    }
+}
+
+/// A validated transfer, ready to copy.
+struct Job {
+    op: TransferOp,
+    from: String,
+    peer: Arc<Agent>,
+    grants: Vec<Arc<Grant>>,
+    /// (local addr, remote addr, len, index into `grants`)
+    pairs: Vec<(usize, usize, usize, usize)>,
+    notification: Vec<u8>,
+    drop_notification: bool,
+}
+
+impl Job {
+    /// Copies every pair, each under its grant's read lock, then notifies the peer.
+    fn run(self) -> TransferState {
+        if self.peer.is_gone() {
+            return TransferState::Failed(format!("peer {:?} vanished", self.peer.name));
+        }
+        for &(local, remote, len, grant) in &self.pairs {
+            let Some(_live) = self.grants[grant].hold() else {
+                return TransferState::Failed(format!(
+                    "peer {:?} revoked access before the transfer ran",
+                    self.peer.name
+                ));
+            };
+            let (src, dst) = match self.op {
+                TransferOp::Read => (remote, local),
+                TransferOp::Write => (local, remote),
+            };
+            // SAFETY: the remote range lies inside a region the peer registered
+            // (valid, and writable if exposed for WRITE: `expose` refuses read-only
+            // regions) and exposed to us; the grant's read lock keeps the exposure
+            // live, and the peer frees that memory only after revoking it. The local
+            // range lies inside a region registered with this agent, valid (and
+            // writable when READ into) until `release` returns, which waits for this
+            // copy (`post`'s contract). `copy` tolerates overlap.
+            unsafe {
+                std::ptr::copy(
+                    std::ptr::with_exposed_provenance::<u8>(src),
+                    std::ptr::with_exposed_provenance_mut::<u8>(dst),
+                    len,
+                );
+            }
+        }
+        if self.drop_notification {
+            tracing::debug!(peer = %self.peer.name, "fault injection: dropping the notification");
+        } else {
+            self.peer.notify(Notification {
+                from: self.from,
+                payload: self.notification,
+            });
+        }
+        TransferState::Done
+    }
+}
+
+/// A posted transfer. Its lock is held while bytes move, so `release` waits for
+/// a copy in progress and prevents one that has not started.
+struct Transfer {
+    state: Mutex<Stage>,
+}
+
+enum Stage {
+    Delayed(Box<Job>),
+    Finished(TransferState),
+    Released,
+}
+
+impl Transfer {
+    fn run_delayed(&self, agent: &Agent) {
+        let mut stage = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Stage::Delayed(_) = &*stage {
+            let Stage::Delayed(job) = std::mem::replace(&mut *stage, Stage::Released) else {
+                return;
+            };
+            *stage = Stage::Finished(job.run());
+            drop(stage);
+            agent.signal();
+        }
+    }
+}
+
+impl RegistrationBackend for LoopbackBackend {
+    fn backend_name(&self) -> &'static str {
+        NAME
+    }
+
+    fn agent_name(&self) -> &str {
+        &self.agent.name
+    }
+
+    unsafe fn register(&self, region: &Segment, writable: bool) -> Result<RegionId> {
+        if !region.device.is_host() {
+            return Err(Error::Unsupported {
+                backend: NAME,
+                what: format!("{} memory (loopback moves host memory only)", region.device),
+            });
+        }
+        let Some(end) = region.end().filter(|_| region.len > 0 && region.addr != 0) else {
+            return Err(Error::InvalidDescriptor(format!(
+                "{:#x}+{} is not a valid region",
+                region.addr, region.len
+            )));
+        };
+        if self.agent.is_gone() {
+            return Err(self.gone("register"));
+        }
+        let id = RegionId(next_id());
+        let mut local = lock(&self.local);
+        local.by_id.insert(id, (*region, writable));
+        local.by_addr.insert((region.addr, id.0), (end, writable));
+        Ok(id)
+    }
+
+    fn deregister(&self, region: RegionId) -> Result<()> {
+        let removed = {
+            let mut local = lock(&self.local);
+            let removed = local.by_id.remove(&region);
+            if let Some((segment, _)) = &removed {
+                local.by_addr.remove(&(segment.addr, region.0));
+            }
+            removed
+        };
+        if removed.is_none() {
+            return Err(Error::Backend {
+                backend: NAME,
+                context: "deregister".into(),
+                reason: format!("region {} is not registered", region.0),
+            });
+        }
+        // An exposure never outlives the memory it names.
+        let mut grants = self
+            .agent
+            .grants
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        grants.retain(|_, grant| {
+            let covers = grant.regions.iter().any(|(id, _)| *id == region);
+            if covers {
+                grant.revoke();
+            }
+            !covers
+        });
+        Ok(())
+    }
+
+    fn expose(&self, regions: &[RegionId], access: OperationKind) -> Result<Exposure> {
+        if self.agent.is_gone() {
+            return Err(self.gone("expose"));
+        }
+        let local = lock(&self.local);
+        let mut exposed = Vec::with_capacity(regions.len());
+        for (index, id) in regions.iter().enumerate() {
+            let &(segment, writable) = local.by_id.get(id).ok_or_else(|| Error::Backend {
+                backend: NAME,
+                context: "expose".into(),
+                reason: format!("region {} is not registered", id.0),
+            })?;
+            if access == OperationKind::Write && !writable {
+                return Err(Error::ReadOnlyBuffer { index });
+            }
+            exposed.push((*id, segment));
+        }
+        drop(local);
+        let id = next_id();
+        self.agent
+            .grants
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id, Arc::new(Grant::new(access, exposed)));
+        Ok(Exposure {
+            id: ExposureId(id),
+            agent_metadata: blob::encode(self.fabric.inner.id, self.agent.id, id, &self.agent.name),
+        })
+    }
+
+    fn revoke(&self, exposure: ExposureId) -> Result<()> {
+        let grant = self
+            .agent
+            .grants
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&exposure.0);
+        if let Some(grant) = grant {
+            grant.revoke();
+        }
+        Ok(())
+    }
+
+    fn revocation_enforced(&self) -> bool {
+        true
+    }
+
+    fn load_remote(&self, agent_metadata: &[u8]) -> Result<String> {
+        let blob = blob::decode(agent_metadata)?;
+        if blob.fabric != self.fabric.inner.id {
+            return Err(Self::denied(
+                &blob.agent_name,
+                "the metadata comes from another fabric".into(),
+            ));
+        }
+        let peer = self
+            .fabric
+            .find(&blob.agent_name)
+            .filter(|p| p.id == blob.agent_id && !p.is_gone())
+            .ok_or_else(|| {
+                Self::denied(
+                    &blob.agent_name,
+                    "no such agent on the fabric (vanished?)".into(),
+                )
+            })?;
+        let mut loaded = lock(&self.agent.loaded);
+        let entry = loaded
+            .entry(blob.agent_name.clone())
+            .or_insert_with(|| LoadedPeer {
+                agent: Arc::downgrade(&peer),
+                grants: Vec::new(),
+            });
+        if entry.agent.upgrade().is_none_or(|a| a.id != peer.id) {
+            // A new agent took a vanished one's name: forget the old one's grants.
+            entry.agent = Arc::downgrade(&peer);
+            entry.grants.clear();
+        }
+        // Forget grants the peer has revoked, so the list tracks live operations.
+        entry.grants.retain(|&g| peer.grant(g).is_some());
+        if !entry.grants.contains(&blob.grant) {
+            entry.grants.push(blob.grant);
+        }
+        Ok(blob.agent_name)
+    }
+
+    fn unload_remote(&self, peer: &str) -> Result<()> {
+        lock(&self.agent.loaded).remove(peer);
+        Ok(())
+    }
+
+    unsafe fn post(&self, request: &TransferRequest<'_>) -> Result<TransferId> {
+        if self.agent.is_gone() {
+            return Err(self.gone(format!("post {:?}", request.op)));
+        }
+        let mut job = self.plan(request)?;
+        let faults = std::mem::take(&mut *lock(&self.agent.faults));
+        job.drop_notification = faults.drop_notification;
+        let id = next_id();
+        let stage = match (faults.fail, faults.delay) {
+            (Some(reason), _) => Stage::Finished(TransferState::Failed(reason)),
+            (None, Some(_)) => Stage::Delayed(Box::new(job)),
+            (None, None) => Stage::Finished(job.run()),
+        };
+        let delayed = matches!(stage, Stage::Delayed(_));
+        let transfer = Arc::new(Transfer {
+            state: Mutex::new(stage),
+        });
+        lock(&self.transfers).insert(id, Arc::clone(&transfer));
+        if delayed {
+            let agent = Arc::clone(&self.agent);
+            let delay = faults.delay.unwrap_or(Duration::ZERO);
+            let deadline = Instant::now() + delay;
+            let spawned = std::thread::Builder::new()
+                .name("loopback-delay".into())
+                .spawn(move || {
+                    std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
+                    transfer.run_delayed(&agent);
+                });
+            if let Err(error) = spawned {
+                lock(&self.transfers).remove(&id);
+                return Err(Error::Backend {
+                    backend: NAME,
+                    context: "delay a transfer".into(),
+                    reason: error.to_string(),
+                });
+            }
+        }
+        Ok(TransferId(id))
+    }
+
+    fn poll(&self, transfer: TransferId) -> TransferState {
+        let Some(t) = lock(&self.transfers).get(&transfer.0).cloned() else {
+            return TransferState::Failed(format!("unknown transfer {}", transfer.0));
+        };
+        let stage = t.state.lock().unwrap_or_else(PoisonError::into_inner);
+        match &*stage {
+            Stage::Delayed(_) => TransferState::InProgress,
+            Stage::Finished(state) => state.clone(),
+            Stage::Released => TransferState::Failed("released".into()),
+        }
+    }
+
+    fn release(&self, transfer: TransferId) -> Result<()> {
+        let t = lock(&self.transfers).remove(&transfer.0);
+        if let Some(t) = t {
+            // Waits for a copy in progress; a delayed copy that has not started never will.
+            *t.state.lock().unwrap_or_else(PoisonError::into_inner) = Stage::Released;
+        }
+        Ok(())
+    }
+
+    fn drain_notifications(&self, sink: &mut dyn FnMut(Notification)) -> Result<()> {
+        let drained = std::mem::take(&mut *lock(&self.agent.inbox));
+        drained.into_iter().for_each(sink);
+        Ok(())
+    }
+
+    fn set_event_hook(&self, hook: EventHook) -> bool {
+        self.agent.hook.set(hook).is_ok()
+    }
+}

@@ -1,0 +1,220 @@
+//! The fabric: the registry of agents that can reach each other, and what each
+//! agent registered and exposed.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock, RwLockReadGuard, Weak};
+
+use descriptor_core::{EventHook, Notification, OperationKind, RegionId, Segment};
+
+use crate::faults::FaultPlan;
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+pub(crate) fn next_id() -> u64 {
+    NEXT_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A set of loopback agents that can reach each other, like the machines of one
+/// network. Agents of different fabrics cannot load each other's metadata.
+///
+/// Cloning gives another handle to the same fabric.
+#[derive(Clone)]
+pub struct Fabric {
+    pub(crate) inner: Arc<FabricInner>,
+}
+
+pub(crate) struct FabricInner {
+    pub(crate) id: u64,
+    agents: Mutex<HashMap<String, Arc<Agent>>>,
+}
+
+impl Default for Fabric {
+    fn default() -> Self {
+        Fabric::new()
+    }
+}
+
+impl std::fmt::Debug for Fabric {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fabric")
+            .field("id", &self.inner.id)
+            .field("agents", &lock(&self.inner.agents).len())
+            .finish()
+    }
+}
+
+impl Fabric {
+    /// A new, empty fabric.
+    pub fn new() -> Fabric {
+        Fabric {
+            inner: Arc::new(FabricInner {
+                id: next_id(),
+                agents: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// The process-wide default fabric.
+    pub fn global() -> Fabric {
+        static GLOBAL: OnceLock<Fabric> = OnceLock::new();
+        GLOBAL.get_or_init(Fabric::new).clone()
+    }
+
+    /// Names of the agents currently on the fabric, sorted.
+    pub fn agents(&self) -> Vec<String> {
+        let mut names: Vec<String> = lock(&self.inner.agents).keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    /// Makes an agent vanish as if its process died: it leaves the fabric, every
+    /// exposure it made is revoked, its pending notifications are lost, and its own
+    /// transfers fail from now on. Returns false if no such agent is on the fabric.
+    pub fn vanish(&self, name: &str) -> bool {
+        let Some(agent) = lock(&self.inner.agents).remove(name) else {
+            return false;
+        };
+        agent.vanished.store(true, Ordering::Release);
+        let grants: Vec<Arc<Grant>> = agent
+            .grants
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain()
+            .map(|(_, g)| g)
+            .collect();
+        for grant in grants {
+            grant.revoke();
+        }
+        lock(&agent.inbox).clear();
+        tracing::info!(agent = name, "loopback agent vanished");
+        true
+    }
+
+    pub(crate) fn join(&self, agent: Arc<Agent>) -> bool {
+        let mut agents = lock(&self.inner.agents);
+        if agents.contains_key(&agent.name) {
+            return false;
+        }
+        agents.insert(agent.name.clone(), agent);
+        true
+    }
+
+    pub(crate) fn leave(&self, agent: &Agent) {
+        let mut agents = lock(&self.inner.agents);
+        if agents.get(&agent.name).is_some_and(|a| a.id == agent.id) {
+            agents.remove(&agent.name);
+        }
+    }
+
+    pub(crate) fn find(&self, name: &str) -> Option<Arc<Agent>> {
+        lock(&self.inner.agents).get(name).cloned()
+    }
+}
+
+/// One agent's state, shared by its backend and by peers that transfer to it.
+pub(crate) struct Agent {
+    pub(crate) id: u64,
+    pub(crate) name: String,
+    pub(crate) vanished: AtomicBool,
+    /// Live exposures, by exposure id.
+    pub(crate) grants: RwLock<HashMap<u64, Arc<Grant>>>,
+    /// Peers loaded from metadata: which of their exposures this agent was given.
+    pub(crate) loaded: Mutex<HashMap<String, LoadedPeer>>,
+    pub(crate) inbox: Mutex<Vec<Notification>>,
+    pub(crate) hook: OnceLock<EventHook>,
+    pub(crate) faults: Mutex<FaultPlan>,
+}
+
+impl Agent {
+    pub(crate) fn new(name: &str) -> Agent {
+        Agent {
+            id: next_id(),
+            name: name.to_owned(),
+            vanished: AtomicBool::new(false),
+            grants: RwLock::new(HashMap::new()),
+            loaded: Mutex::new(HashMap::new()),
+            inbox: Mutex::new(Vec::new()),
+            hook: OnceLock::new(),
+            faults: Mutex::new(FaultPlan::default()),
+        }
+    }
+
+    pub(crate) fn is_gone(&self) -> bool {
+        self.vanished.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn grant(&self, id: u64) -> Option<Arc<Grant>> {
+        self.grants
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&id)
+            .cloned()
+    }
+
+    /// Delivers a notification and wakes the agent's connector.
+    pub(crate) fn notify(&self, notification: Notification) {
+        if self.is_gone() {
+            return;
+        }
+        lock(&self.inbox).push(notification);
+        self.signal();
+    }
+
+    pub(crate) fn signal(&self) {
+        if let Some(hook) = self.hook.get() {
+            hook();
+        }
+    }
+}
+
+/// What this agent learnt about one peer from loaded metadata.
+pub(crate) struct LoadedPeer {
+    pub(crate) agent: Weak<Agent>,
+    pub(crate) grants: Vec<u64>,
+}
+
+/// One exposure: regions a peer may access one way, until revoked.
+pub(crate) struct Grant {
+    pub(crate) access: OperationKind,
+    pub(crate) regions: Vec<(RegionId, Segment)>,
+    /// Transfers copy under the read lock; revocation takes the write lock, so
+    /// once `revoke` returns no copy into these regions is running or will start.
+    live: RwLock<bool>,
+}
+
+impl Grant {
+    pub(crate) fn new(access: OperationKind, mut regions: Vec<(RegionId, Segment)>) -> Grant {
+        regions.sort_by_key(|(_, r)| r.addr);
+        Grant {
+            access,
+            regions,
+            live: RwLock::new(true),
+        }
+    }
+
+    pub(crate) fn revoke(&self) {
+        *self.live.write().unwrap_or_else(PoisonError::into_inner) = false;
+    }
+
+    /// Holds the grant open; `None` once revoked.
+    pub(crate) fn hold(&self) -> Option<RwLockReadGuard<'_, bool>> {
+        let guard = self.live.read().unwrap_or_else(PoisonError::into_inner);
+        (*guard).then_some(guard)
+    }
+
+    /// Whether `range` lies inside one exposed region.
+    pub(crate) fn covers(&self, range: &Segment) -> bool {
+        // Regions are sorted by start: the nearest one starting at or before the
+        // range almost always holds it; overlapping registrations need the scan.
+        let after = self.regions.partition_point(|(_, r)| r.addr <= range.addr);
+        after
+            .checked_sub(1)
+            .is_some_and(|i| self.regions[i].1.contains(range))
+            || self.regions[..after].iter().any(|(_, r)| r.contains(range))
+    }
+}

@@ -1,0 +1,34 @@
+//! An in-process backend for [`descriptor_core`]: every program and test that
+//! uses the connector API runs on a laptop with no GPU, no NIC and no NIXL.
+//!
+//! Agents join a [`Fabric`] (an explicit one, or [`Fabric::global`]); a transfer
+//! is a real `memcpy` between host buffers, made only after checking every range
+//! against what both agents registered and exposed. Completion and notifications
+//! are asynchronous, as with NIXL, and a [`FaultInjector`] can fail or delay
+//! transfers, drop notifications, and make agents vanish.
+//!
+//! ```
+//! use backend_loopback::{Fabric, LoopbackBackend};
+//! use descriptor_core::{Connector, Descriptor};
+//!
+//! let fabric = Fabric::new();
+//! let target = Connector::new(LoopbackBackend::new(&fabric, "target")?);
+//! let source = Connector::new(LoopbackBackend::new(&fabric, "source")?);
+//!
+//! let writable = target.create_writable(vec![Descriptor::new(vec![0u8; 4096])?])?;
+//! let write = source.begin_write(vec![Descriptor::new(vec![5u8; 4096])?], writable.metadata())?;
+//! write.wait()?;
+//! writable.wait()?;
+//! let received = writable.into_descriptors().expect("complete").remove(0);
+//! assert_eq!(received.as_slice(), Some(&[5u8; 4096][..]));
+//! # Ok::<(), descriptor_core::Error>(())
+//! ```
+
+mod backend;
+mod blob;
+mod fabric;
+mod faults;
+
+pub use backend::LoopbackBackend;
+pub use fabric::Fabric;
+pub use faults::FaultInjector;

@@ -1,0 +1,104 @@
+//! The descriptor-core conformance suite on the loopback backend.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use backend_loopback::{Fabric, FaultInjector, LoopbackBackend};
+use descriptor_core::Connector;
+use descriptor_core::conformance::{self, Harness};
+use rstest::rstest;
+
+struct Loopback {
+    fabric: Fabric,
+    faults: Mutex<HashMap<String, FaultInjector>>,
+}
+
+impl Loopback {
+    fn new() -> Loopback {
+        Loopback {
+            fabric: Fabric::new(),
+            faults: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl Harness for Loopback {
+    fn connector(&self, name: &str) -> Connector {
+        let backend = LoopbackBackend::new(&self.fabric, name).unwrap();
+        self.faults
+            .lock()
+            .unwrap()
+            .insert(name.to_owned(), backend.faults());
+        Connector::new(backend)
+    }
+
+    fn delay_next_transfer(&self, name: &str, delay: Duration) -> bool {
+        self.faults.lock().unwrap()[name].delay_next_transfer(delay);
+        true
+    }
+}
+
+#[test]
+fn registration_is_idempotent_per_connector() {
+    conformance::registration_is_idempotent_per_connector(&Loopback::new());
+}
+
+#[rstest]
+#[case::one_small_block(&[64])]
+#[case::one_large_block(&[8 << 20])]
+#[case::many_blocks(&[4096; 64])]
+#[case::uneven_blocks(&[1, 4095, 65536, 3])]
+fn readable_then_read_moves_bytes(#[case] sizes: &[usize]) {
+    conformance::readable_then_read_moves_bytes(&Loopback::new(), sizes);
+}
+
+#[rstest]
+#[case::one_small_block(&[64])]
+#[case::one_large_block(&[8 << 20])]
+#[case::many_blocks(&[4096; 64])]
+#[case::uneven_blocks(&[1, 4095, 65536, 3])]
+fn writable_then_write_moves_bytes(#[case] sizes: &[usize]) {
+    conformance::writable_then_write_moves_bytes(&Loopback::new(), sizes);
+}
+
+#[test]
+fn pairing_errors_name_the_problem() {
+    conformance::pairing_errors_name_the_problem(&Loopback::new());
+}
+
+#[test]
+fn cancel_before_completion() {
+    conformance::cancel_before_completion(&Loopback::new());
+}
+
+#[test]
+fn cancel_after_completion_is_a_no_op() {
+    conformance::cancel_after_completion_is_a_no_op(&Loopback::new());
+}
+
+#[test]
+fn wait_timeout_expires_when_the_peer_never_acts() {
+    conformance::wait_timeout_expires_when_the_peer_never_acts(&Loopback::new());
+}
+
+#[test]
+fn dropping_an_in_flight_operation() {
+    conformance::dropping_an_in_flight_operation(&Loopback::new());
+}
+
+#[test]
+fn sixteen_threads_times_two_hundred_operations_to_one_peer() {
+    conformance::concurrent_operations_share_one_peer(&Loopback::new(), 16, 200);
+}
+
+#[test]
+fn metadata_round_trips_through_json() {
+    conformance::metadata_round_trips_through_json(&Loopback::new());
+}
+
+#[test]
+fn operations_are_futures() {
+    conformance::operations_are_futures(&Loopback::new());
+}

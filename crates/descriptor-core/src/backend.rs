@@ -1,0 +1,195 @@
+//! The trait every transport implements: [`RegistrationBackend`].
+//!
+//! A backend is one *agent* (NIXL's word): it registers local memory, describes
+//! chosen regions to peers as an opaque blob, loads peers' blobs, and moves bytes
+//! between its regions and a peer's. The [`Connector`](crate::Connector) does the
+//! rest (pairing checks, the remote-agent cache, progress, waking waiters), so a
+//! backend stays small and never sees the public operation types.
+
+use std::sync::Arc;
+
+use crate::device::Device;
+use crate::error::Result;
+use crate::metadata::OperationKind;
+
+/// A backend's handle for a registered region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RegionId(pub u64);
+
+/// A backend's handle for a set of regions exposed to peers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ExposureId(pub u64);
+
+/// A backend's handle for a posted transfer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TransferId(pub u64);
+
+/// A contiguous byte range on one device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Segment {
+    /// Start address. For local memory the pointer's provenance has been exposed
+    /// (`pointer::expose_provenance`), so an in-process backend may turn it back
+    /// into a pointer with `std::ptr::with_exposed_provenance_mut`.
+    pub addr: usize,
+    /// Length in bytes (never zero).
+    pub len: usize,
+    /// The device holding the range.
+    pub device: Device,
+}
+
+impl Segment {
+    /// One past the last byte, or `None` if the range wraps the address space.
+    pub fn end(&self) -> Option<usize> {
+        self.addr.checked_add(self.len)
+    }
+
+    /// Whether `other` lies entirely inside `self` on the same device.
+    pub fn contains(&self, other: &Segment) -> bool {
+        match (self.end(), other.end()) {
+            (Some(end), Some(other_end)) => {
+                self.device == other.device && other.addr >= self.addr && other_end <= end
+            }
+            _ => false,
+        }
+    }
+}
+
+/// What an exposure hands to peers: the agent-metadata blob for some regions.
+#[derive(Debug, Clone)]
+pub struct Exposure {
+    /// Handle to revoke the exposure with.
+    pub id: ExposureId,
+    /// Opaque agent metadata a peer passes to [`RegistrationBackend::load_remote`].
+    pub agent_metadata: Vec<u8>,
+}
+
+/// Direction of a transfer, seen from the agent that posts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TransferOp {
+    /// Copy remote memory into local memory.
+    Read,
+    /// Copy local memory into remote memory.
+    Write,
+}
+
+/// A READ or WRITE between local and remote segments, paired index by index.
+#[derive(Debug, Clone, Copy)]
+pub struct TransferRequest<'a> {
+    /// Direction.
+    pub op: TransferOp,
+    /// The peer, as returned by [`RegistrationBackend::load_remote`].
+    pub peer: &'a str,
+    /// Local segments, inside regions registered with this backend.
+    pub local: &'a [Segment],
+    /// Remote segments, as the peer's metadata describes them (untrusted).
+    pub remote: &'a [Segment],
+    /// Delivered to the peer once the transfer has completed.
+    pub notification: &'a [u8],
+}
+
+impl TransferRequest<'_> {
+    /// Total bytes moved.
+    pub fn bytes(&self) -> usize {
+        self.local.iter().map(|s| s.len).sum()
+    }
+}
+
+/// State of a posted transfer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TransferState {
+    /// Still moving bytes.
+    InProgress,
+    /// All bytes moved; the notification is on its way to the peer.
+    Done,
+    /// The transfer failed; the reason is the backend's.
+    Failed(String),
+}
+
+/// A notification received from a peer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notification {
+    /// Name of the sending agent.
+    pub from: String,
+    /// The payload, as sent (not necessarily UTF-8).
+    pub payload: Vec<u8>,
+}
+
+/// Called by an event-driven backend whenever a transfer completes or a
+/// notification arrives. It must be cheap and must not call back into the backend.
+pub type EventHook = Arc<dyn Fn() + Send + Sync>;
+
+/// One agent of a transport: registration, exposure, peers and transfers.
+///
+/// Implementations are `Send + Sync` and take `&self` everywhere: the connector
+/// calls them from user threads and from its progress engine at once. Errors are
+/// this crate's [`Error`](crate::Error), never a backend's own type.
+pub trait RegistrationBackend: Send + Sync + 'static {
+    /// Short name of the transport, such as `"loopback"` or `"nixl"`.
+    fn backend_name(&self) -> &'static str;
+
+    /// This agent's name, unique among the agents that talk to each other.
+    fn agent_name(&self) -> &str;
+
+    /// Registers a region; `writable` says whether transfers may write into it.
+    ///
+    /// # Safety
+    ///
+    /// The memory must stay valid for reads (and for writes when `writable`) until
+    /// [`deregister`](Self::deregister) returns, and nothing else may access it
+    /// while a transfer or an exposure that covers it is live. For host memory,
+    /// `region.addr` must come from a pointer whose provenance was exposed.
+    unsafe fn register(&self, region: &Segment, writable: bool) -> Result<RegionId>;
+
+    /// Deregisters a region; called before its memory is released.
+    fn deregister(&self, region: RegionId) -> Result<()>;
+
+    /// Describes `regions` to peers that may `access` them (READ for a readable,
+    /// WRITE for a writable), ideally nothing more than those regions. Exposing a
+    /// region registered read-only for WRITE is an error.
+    fn expose(&self, regions: &[RegionId], access: OperationKind) -> Result<Exposure>;
+
+    /// Ends an exposure. See [`revocation_enforced`](Self::revocation_enforced).
+    fn revoke(&self, exposure: ExposureId) -> Result<()>;
+
+    /// Whether, once [`revoke`](Self::revoke) has returned, no peer can touch the
+    /// exposed memory any more. When false (NIXL over shared memory or TCP), the
+    /// connector never hands memory back to safe code, nor frees it, while a peer
+    /// that saw the exposure might still use it.
+    fn revocation_enforced(&self) -> bool;
+
+    /// Loads a peer's agent metadata (merging with what was loaded before from the
+    /// same peer) and returns the peer's name.
+    fn load_remote(&self, agent_metadata: &[u8]) -> Result<String>;
+
+    /// Forgets everything loaded from `peer`.
+    fn unload_remote(&self, peer: &str) -> Result<()>;
+
+    /// Posts a transfer. Remote segments come from untrusted metadata: a backend
+    /// must refuse ranges the peer did not register and expose where it can.
+    ///
+    /// # Safety
+    ///
+    /// Every local segment lies inside a region registered with this backend
+    /// (registered writable if the transfer READs into it), and stays valid and
+    /// untouched by anything else until [`release`](Self::release) returns `Ok`
+    /// for the returned transfer.
+    unsafe fn post(&self, request: &TransferRequest<'_>) -> Result<TransferId>;
+
+    /// Reports a posted transfer's state.
+    fn poll(&self, transfer: TransferId) -> TransferState;
+
+    /// Releases a transfer, aborting it if still in progress. `Ok` promises that
+    /// the backend no longer touches the transfer's memory; on `Err` the connector
+    /// assumes it still might and never frees that memory.
+    fn release(&self, transfer: TransferId) -> Result<()>;
+
+    /// Takes every notification received since the last call.
+    fn drain_notifications(&self, sink: &mut dyn FnMut(Notification)) -> Result<()>;
+
+    /// Installs the hook an event-driven backend calls on every completion and
+    /// notification, and returns true; a backend that must be polled returns false.
+    fn set_event_hook(&self, hook: EventHook) -> bool {
+        let _ = hook;
+        false
+    }
+}

@@ -1,0 +1,529 @@
+//! The backend conformance suite (feature `conformance`): one set of behaviours,
+//! checked on every backend.
+//!
+//! Each `pub fn` takes a [`Harness`] that makes connectors able to reach each
+//! other, and panics (like a test) when the backend misbehaves. A backend crate
+//! runs all of them from its tests, e.g. with `rstest`:
+//!
+//! ```ignore
+//! #[rstest]
+//! #[case::one_block(&[4096])]
+//! fn readable_then_read(#[case] sizes: &[usize]) {
+//!     conformance::readable_then_read_moves_bytes(&MyHarness::new(), sizes);
+//! }
+//! ```
+//!
+//! Every check compares bytes, not only statuses.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use crate::{
+    Connector, Descriptor, Device, Error, OperationKind, OperationStatus, RdmaMetadata,
+    SerializedDescriptor, Side,
+};
+
+/// Makes connectors for the suite.
+pub trait Harness: Sync {
+    /// A new connector named `name` that can reach every other connector this
+    /// harness made. Names are unique within one harness.
+    fn connector(&self, name: &str) -> Connector;
+
+    /// Makes the next transfer that the connector named `name` posts stay in
+    /// progress for `delay` before moving any byte. Returns false if the backend
+    /// cannot; the suite then checks only what holds either way.
+    fn delay_next_transfer(&self, name: &str, delay: Duration) -> bool;
+}
+
+/// Deterministic test bytes: a xorshift stream seeded by `seed`.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+fn descriptors(seed: u64, sizes: &[usize]) -> Vec<Descriptor> {
+    sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| Descriptor::new(pattern(seed + i as u64, len)).unwrap())
+        .collect()
+}
+
+fn zeroed(sizes: &[usize]) -> Vec<Descriptor> {
+    sizes
+        .iter()
+        .map(|&len| Descriptor::new(vec![0u8; len]).unwrap())
+        .collect()
+}
+
+fn assert_pattern(descs: &[Descriptor], seed: u64, what: &str) {
+    for (i, d) in descs.iter().enumerate() {
+        let expected = pattern(seed + i as u64, d.size());
+        let actual = d.as_slice().unwrap();
+        if actual != expected.as_slice() {
+            let first = actual.iter().zip(&expected).position(|(a, b)| a != b);
+            panic!(
+                "{what}: descriptor {i} differs from the expected bytes, first at byte {first:?}"
+            );
+        }
+    }
+}
+
+fn assert_zeroed(descs: &[Descriptor], what: &str) {
+    for (i, d) in descs.iter().enumerate() {
+        assert!(
+            d.as_slice().unwrap().iter().all(|&b| b == 0),
+            "{what}: descriptor {i} was written"
+        );
+    }
+}
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// `register_memory` twice with one connector is a no-op; with another it fails.
+pub fn registration_is_idempotent_per_connector(h: &dyn Harness) {
+    let a = h.connector("reg-a");
+    let b = h.connector("reg-b");
+    let mut d = Descriptor::new(pattern(1, 4096)).unwrap();
+    assert!(!d.is_registered());
+    d.register_memory(&a).unwrap();
+    d.register_memory(&a).unwrap();
+    assert!(d.is_registered());
+    match d.register_memory(&b) {
+        Err(Error::RegisteredElsewhere {
+            registered,
+            requested,
+        }) => assert_eq!(
+            (registered.as_str(), requested.as_str()),
+            (a.name(), b.name())
+        ),
+        other => panic!("registering with a second connector gave {other:?}"),
+    }
+    // A registered descriptor works in an operation of its own connector.
+    let readable = a.create_readable(vec![d]).unwrap();
+    let read = b.begin_read(readable.metadata(), zeroed(&[4096])).unwrap();
+    read.wait_timeout(WAIT).unwrap();
+    readable.wait_timeout(WAIT).unwrap();
+    assert_pattern(&read.into_descriptors().unwrap(), 1, "read back");
+    let d = readable.into_descriptors().unwrap().remove(0);
+    assert!(d.is_registered(), "descriptors come back still registered");
+    assert_eq!(d.into_vec::<u8>().unwrap(), pattern(1, 4096));
+}
+
+/// A readable exposes bytes; `begin_read` copies them exactly; both sides complete.
+pub fn readable_then_read_moves_bytes(h: &dyn Harness, sizes: &[usize]) {
+    let server = h.connector("read-server");
+    let client = h.connector("read-client");
+    let readable = server.create_readable(descriptors(10, sizes)).unwrap();
+    assert_eq!(readable.status(), OperationStatus::Initialized);
+    assert_eq!(readable.metadata().operation_kind(), OperationKind::Read);
+    assert_eq!(readable.metadata().descriptors().len(), sizes.len());
+    let read = client
+        .begin_read(readable.metadata(), zeroed(sizes))
+        .unwrap();
+    read.wait_timeout(WAIT).unwrap();
+    assert_eq!(read.status(), OperationStatus::Complete);
+    readable.wait_timeout(WAIT).unwrap();
+    assert_eq!(readable.status(), OperationStatus::Complete);
+    assert_pattern(&read.into_descriptors().unwrap(), 10, "read data");
+    assert_pattern(
+        &readable.into_descriptors().unwrap(),
+        10,
+        "source after read",
+    );
+    assert_eq!(client.remote_agent_count(), 0);
+}
+
+/// A writable exposes a buffer; `begin_write` fills it exactly; both sides complete.
+pub fn writable_then_write_moves_bytes(h: &dyn Harness, sizes: &[usize]) {
+    let server = h.connector("write-server");
+    let client = h.connector("write-client");
+    let writable = server.create_writable(zeroed(sizes)).unwrap();
+    assert_eq!(writable.metadata().operation_kind(), OperationKind::Write);
+    let write = client
+        .begin_write(descriptors(20, sizes), writable.metadata())
+        .unwrap();
+    write.wait_timeout(WAIT).unwrap();
+    writable.wait_timeout(WAIT).unwrap();
+    assert_eq!(
+        (write.status(), writable.status()),
+        (OperationStatus::Complete, OperationStatus::Complete)
+    );
+    assert_pattern(&writable.into_descriptors().unwrap(), 20, "written data");
+    assert_pattern(&write.into_descriptors().unwrap(), 20, "source after write");
+    assert_eq!(client.remote_agent_count(), 0);
+}
+
+/// Every pairing rule is checked before the backend is touched, and names what is wrong.
+pub fn pairing_errors_name_the_problem(h: &dyn Harness) {
+    let server = h.connector("pair-server");
+    let client = h.connector("pair-client");
+    let readable = server
+        .create_readable(descriptors(30, &[4096, 8192]))
+        .unwrap();
+    let writable = server.create_writable(zeroed(&[4096])).unwrap();
+    let meta = readable.metadata();
+
+    let kind = client.begin_write(zeroed(&[4096]), meta).unwrap_err();
+    assert!(
+        matches!(
+            kind,
+            Error::OperationKindMismatch {
+                expected: OperationKind::Write,
+                found: OperationKind::Read
+            }
+        ),
+        "{kind:?}"
+    );
+    let kind = client
+        .begin_read(writable.metadata(), zeroed(&[4096]))
+        .unwrap_err();
+    assert!(
+        matches!(
+            kind,
+            Error::OperationKindMismatch {
+                expected: OperationKind::Read,
+                ..
+            }
+        ),
+        "{kind:?}"
+    );
+
+    let count = client.begin_read(meta, zeroed(&[4096])).unwrap_err();
+    assert!(
+        matches!(
+            count,
+            Error::DescriptorCountMismatch {
+                local: 1,
+                remote: 2
+            }
+        ),
+        "{count:?}"
+    );
+
+    let size = client.begin_read(meta, zeroed(&[4096, 4096])).unwrap_err();
+    assert!(
+        matches!(
+            size,
+            Error::SizeMismatch {
+                index: 1,
+                local: 4096,
+                remote: 8192
+            }
+        ),
+        "{size:?}"
+    );
+    assert!(size.to_string().contains("descriptor 1"));
+
+    let empty = client.begin_read(meta, Vec::new()).unwrap_err();
+    assert!(
+        matches!(empty, Error::EmptyDescriptorList { side: Side::Local }),
+        "{empty:?}"
+    );
+
+    let read_only = client
+        .begin_read(
+            meta,
+            vec![
+                Descriptor::new(vec![0u8; 4096]).unwrap(),
+                Descriptor::from_bytes(bytes::Bytes::from(vec![0u8; 8192])).unwrap(),
+            ],
+        )
+        .unwrap_err();
+    assert!(
+        matches!(read_only, Error::ReadOnlyBuffer { index: 1 }),
+        "{read_only:?}"
+    );
+    let read_only = server
+        .create_writable(vec![
+            Descriptor::from_bytes(bytes::Bytes::from_static(b"ro")).unwrap(),
+        ])
+        .unwrap_err();
+    assert!(
+        matches!(read_only, Error::ReadOnlyBuffer { index: 0 }),
+        "{read_only:?}"
+    );
+
+    // Mixed local devices: the check fires before any memory is registered or read.
+    let mut fake = vec![0u8; 8192];
+    // SAFETY: `fake` outlives the descriptor, which is never transferred: the
+    // pairing check rejects it first.
+    let cuda = unsafe {
+        Descriptor::from_raw_parts(fake.as_mut_ptr(), 8192, Device::cuda(0), None).unwrap()
+    };
+    let mixed = client
+        .begin_read(meta, vec![Descriptor::new(vec![0u8; 4096]).unwrap(), cuda])
+        .unwrap_err();
+    assert!(
+        matches!(
+            mixed,
+            Error::MixedDevices {
+                side: Side::Local,
+                index: 1,
+                ..
+            }
+        ),
+        "{mixed:?}"
+    );
+    drop(fake);
+
+    let mut remote = meta.descriptors().to_vec();
+    remote[1].device = Device::cuda(0);
+    let forged = RdmaMetadata::new(
+        OperationKind::Read,
+        remote,
+        meta.agent_metadata().to_vec(),
+        meta.notification_key().to_owned(),
+    )
+    .unwrap();
+    let mixed = client
+        .begin_read(&forged, zeroed(&[4096, 8192]))
+        .unwrap_err();
+    assert!(
+        matches!(
+            mixed,
+            Error::MixedDevices {
+                side: Side::Remote,
+                index: 1,
+                ..
+            }
+        ),
+        "{mixed:?}"
+    );
+
+    // Nothing was loaded, and the readable still serves a correct read.
+    assert_eq!(client.remote_agent_count(), 0);
+    let read = client.begin_read(meta, zeroed(&[4096, 8192])).unwrap();
+    read.wait_timeout(WAIT).unwrap();
+    readable.wait_timeout(WAIT).unwrap();
+    assert_pattern(&read.into_descriptors().unwrap(), 30, "read after errors");
+}
+
+/// Cancelling an in-flight transfer ends it `Cancelled`, moves no byte, and the
+/// passive side never completes.
+pub fn cancel_before_completion(h: &dyn Harness) {
+    let server = h.connector("cancel-server");
+    let client = h.connector("cancel-client");
+    let writable = server.create_writable(zeroed(&[65536])).unwrap();
+    let delayed = h.delay_next_transfer("cancel-client", Duration::from_millis(300));
+    let write = client
+        .begin_write(descriptors(40, &[65536]), writable.metadata())
+        .unwrap();
+    write.cancel();
+    let result = write.wait_timeout(WAIT);
+    if delayed {
+        assert!(matches!(result, Err(Error::Cancelled)), "{result:?}");
+        assert_eq!(write.status(), OperationStatus::Cancelled);
+        // Past the delay, still nothing arrives.
+        let passive = writable.wait_timeout(Duration::from_millis(600));
+        assert!(matches!(passive, Err(Error::TimedOut(_))), "{passive:?}");
+        writable.cancel();
+        assert_zeroed(
+            &writable.into_descriptors().unwrap(),
+            "cancelled write target",
+        );
+    } else {
+        // The transfer may have finished first; the status must agree with the result.
+        match result {
+            Err(Error::Cancelled) => assert_eq!(write.status(), OperationStatus::Cancelled),
+            Ok(()) => assert_eq!(write.status(), OperationStatus::Complete),
+            other => panic!("cancel gave {other:?}"),
+        }
+    }
+    assert_pattern(
+        &write.into_descriptors().unwrap(),
+        40,
+        "source after cancel",
+    );
+    assert_eq!(client.remote_agent_count(), 0);
+}
+
+/// `cancel()` after completion changes nothing (Dynamo turned COMPLETE into CANCELLED).
+pub fn cancel_after_completion_is_a_no_op(h: &dyn Harness) {
+    let server = h.connector("late-server");
+    let client = h.connector("late-client");
+    let readable = server.create_readable(descriptors(50, &[4096])).unwrap();
+    let read = client
+        .begin_read(readable.metadata(), zeroed(&[4096]))
+        .unwrap();
+    read.wait_timeout(WAIT).unwrap();
+    readable.wait_timeout(WAIT).unwrap();
+    read.cancel();
+    readable.cancel();
+    assert_eq!(read.status(), OperationStatus::Complete);
+    assert_eq!(readable.status(), OperationStatus::Complete);
+    read.wait().unwrap();
+    assert_pattern(&read.into_descriptors().unwrap(), 50, "read before cancel");
+}
+
+/// A passive wait with a timeout ends in `TimedOut` when no peer acts; the
+/// operation stays usable and a later peer still completes it.
+pub fn wait_timeout_expires_when_the_peer_never_acts(h: &dyn Harness) {
+    let server = h.connector("idle-server");
+    let readable = server.create_readable(descriptors(60, &[4096])).unwrap();
+    let started = std::time::Instant::now();
+    let result = readable.wait_timeout(Duration::from_millis(100));
+    assert!(
+        matches!(result, Err(Error::TimedOut(d)) if d == Duration::from_millis(100)),
+        "{result:?}"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(100));
+    assert_eq!(readable.status(), OperationStatus::Initialized);
+    let client = h.connector("idle-client");
+    let read = client
+        .begin_read(readable.metadata(), zeroed(&[4096]))
+        .unwrap();
+    read.wait_timeout(WAIT).unwrap();
+    readable.wait_timeout(WAIT).unwrap();
+    assert_pattern(&read.into_descriptors().unwrap(), 60, "late read");
+}
+
+/// Dropping an in-flight operation cancels it safely: its buffers are not freed
+/// under the transfer, the peer sees nothing, and the connectors keep working.
+pub fn dropping_an_in_flight_operation(h: &dyn Harness) {
+    let server = h.connector("drop-server");
+    let client = h.connector("drop-client");
+    let writable = server.create_writable(zeroed(&[1 << 20])).unwrap();
+    let delayed = h.delay_next_transfer("drop-client", Duration::from_millis(200));
+    let write = client
+        .begin_write(descriptors(70, &[1 << 20]), writable.metadata())
+        .unwrap();
+    drop(write);
+    if delayed {
+        let passive = writable.wait_timeout(Duration::from_millis(500));
+        assert!(matches!(passive, Err(Error::TimedOut(_))), "{passive:?}");
+    }
+    assert_eq!(client.remote_agent_count(), 0);
+    drop(writable);
+    // Both connectors still work.
+    let readable = server.create_readable(descriptors(71, &[4096])).unwrap();
+    let read = client
+        .begin_read(readable.metadata(), zeroed(&[4096]))
+        .unwrap();
+    read.wait_timeout(WAIT).unwrap();
+    readable.wait_timeout(WAIT).unwrap();
+    assert_pattern(&read.into_descriptors().unwrap(), 71, "read after drop");
+    // A passive operation dropped before its peer acted.
+    let abandoned = server.create_readable(descriptors(72, &[4096])).unwrap();
+    let stale = abandoned.metadata().clone();
+    drop(abandoned);
+    let late = client.begin_read(&stale, zeroed(&[4096]));
+    if server.backend().revocation_enforced() {
+        assert!(late.is_err(), "a revoked exposure was still readable");
+    }
+    if let Ok(late) = late {
+        // A backend that cannot revoke may still let the read through (the
+        // memory was leaked, not freed); it must not complete with wrong data.
+        if late.wait_timeout(WAIT).is_ok() {
+            assert_pattern(
+                &late.into_descriptors().unwrap(),
+                72,
+                "read of a dropped readable",
+            );
+        }
+    }
+}
+
+/// `threads` threads each run `per_thread` concurrent reads against one peer;
+/// all bytes arrive and the remote-agent cache is empty afterwards.
+pub fn concurrent_operations_share_one_peer(h: &dyn Harness, threads: usize, per_thread: usize) {
+    let server = h.connector("busy-server");
+    let client = h.connector("busy-client");
+    std::thread::scope(|scope| {
+        for t in 0..threads {
+            let (server, client) = (server.clone(), client.clone());
+            scope.spawn(move || {
+                let seed = |i: usize| 1000 + (t * per_thread + i) as u64;
+                let readables: Vec<_> = (0..per_thread)
+                    .map(|i| {
+                        server
+                            .create_readable(descriptors(seed(i), &[4096]))
+                            .unwrap()
+                    })
+                    .collect();
+                let reads: Vec<_> = readables
+                    .iter()
+                    .map(|r| client.begin_read(r.metadata(), zeroed(&[4096])).unwrap())
+                    .collect();
+                for (i, (read, readable)) in reads.into_iter().zip(readables).enumerate() {
+                    read.wait_timeout(WAIT).unwrap();
+                    readable.wait_timeout(WAIT).unwrap();
+                    assert_pattern(
+                        &read.into_descriptors().unwrap(),
+                        seed(i),
+                        "concurrent read",
+                    );
+                }
+            });
+        }
+    });
+    assert_eq!(
+        client.remote_agent_count(),
+        0,
+        "every operation released its peer"
+    );
+}
+
+/// Metadata survives JSON both ways, and parsed metadata drives a real transfer.
+pub fn metadata_round_trips_through_json(h: &dyn Harness) {
+    let server = h.connector("json-server");
+    let client = h.connector("json-client");
+    let writable = server.create_writable(zeroed(&[4096, 100])).unwrap();
+    let json = writable.metadata().to_json();
+    assert!(json.contains(r#""nixl_metadata":"b64:"#), "{json}");
+    assert!(json.contains(r#""operation_kind":2"#));
+    let parsed: RdmaMetadata = json.parse().unwrap();
+    assert_eq!(&parsed, writable.metadata());
+    assert_eq!(parsed.to_json(), json);
+    let expected: Vec<SerializedDescriptor> = parsed.descriptors().to_vec();
+    assert_eq!(
+        expected.iter().map(|d| d.size).collect::<Vec<_>>(),
+        [4096, 100]
+    );
+    let write = client
+        .begin_write(descriptors(80, &[4096, 100]), &parsed)
+        .unwrap();
+    write.wait_timeout(WAIT).unwrap();
+    writable.wait_timeout(WAIT).unwrap();
+    let received = writable.into_descriptors().unwrap();
+    assert_eq!(
+        received.iter().map(|d| d.ptr() as u64).collect::<Vec<_>>(),
+        expected.iter().map(|d| d.ptr).collect::<Vec<_>>(),
+        "the metadata named the very buffers that were written"
+    );
+    assert_pattern(&received, 80, "write through parsed metadata");
+}
+
+/// Operations are futures: `completion()` and `.await` on the operation, which
+/// returns the descriptors, under a plain executor.
+pub fn operations_are_futures(h: &dyn Harness) {
+    let server = h.connector("async-server");
+    let client = h.connector("async-client");
+    futures::executor::block_on(async {
+        let readable = server
+            .create_readable(descriptors(90, &[4096, 4096]))
+            .unwrap();
+        let read = client
+            .begin_read(readable.metadata(), zeroed(&[4096, 4096]))
+            .unwrap();
+        let local = read.await.unwrap();
+        readable.completion().await.unwrap();
+        assert_pattern(&local, 90, "awaited read");
+        let source = readable.await.unwrap();
+        assert_pattern(&source, 90, "awaited readable");
+
+        let writable = server.create_writable(zeroed(&[512])).unwrap();
+        let write = client
+            .begin_write(descriptors(91, &[512]), writable.metadata())
+            .unwrap();
+        write.completion().await.unwrap();
+        assert_pattern(&writable.await.unwrap(), 91, "awaited writable");
+    });
+}

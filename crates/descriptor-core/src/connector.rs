@@ -1,0 +1,380 @@
+//! [`Connector`]: one process role's entry point; creates the four operations.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::backend::{RegistrationBackend, Segment, TransferOp, TransferRequest};
+use crate::descriptor::Descriptor;
+use crate::engine::Engine;
+use crate::error::{Error, Result, Side};
+use crate::metadata::{OperationKind, RdmaMetadata, SerializedDescriptor};
+use crate::operation::state::{OpShared, OperationStatus, Outcome, Pending};
+use crate::operation::{
+    OperationCore, ReadOperation, ReadableOperation, WritableOperation, WriteOperation,
+};
+
+static NEXT_CONNECTOR_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Creates operations over one [`RegistrationBackend`].
+///
+/// Cheap to clone (clones share everything) and `Send + Sync`. It owns the
+/// backend, a reference-counted cache of loaded peers (many operations to one
+/// peer share one entry; the last one out unloads it) and one progress engine
+/// thread, started on first use, that sleeps whenever nothing is in flight.
+#[derive(Clone)]
+pub struct Connector {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    id: u64,
+    name: Arc<str>,
+    backend: Arc<dyn RegistrationBackend>,
+    engine: Arc<Engine>,
+    remotes: Arc<RemoteCache>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.engine.shutdown();
+    }
+}
+
+impl std::fmt::Debug for Connector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connector")
+            .field("name", &self.inner.name)
+            .field("backend", &self.inner.backend.backend_name())
+            .finish()
+    }
+}
+
+impl Connector {
+    /// A connector over `backend`; its name is the backend's agent name.
+    pub fn new(backend: impl RegistrationBackend) -> Connector {
+        Connector::from_arc(Arc::new(backend))
+    }
+
+    /// A connector over a shared backend. Give each backend to one connector only:
+    /// the connector's engine consumes the backend's notifications.
+    pub fn from_arc(backend: Arc<dyn RegistrationBackend>) -> Connector {
+        Connector {
+            inner: Arc::new(Inner {
+                id: NEXT_CONNECTOR_ID.fetch_add(1, Ordering::Relaxed),
+                name: backend.agent_name().into(),
+                engine: Engine::new(Arc::clone(&backend)),
+                remotes: Arc::new(RemoteCache {
+                    backend: Arc::clone(&backend),
+                    peers: Mutex::new(HashMap::new()),
+                }),
+                backend,
+            }),
+        }
+    }
+
+    /// The agent name peers know this connector by.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &dyn RegistrationBackend {
+        &*self.inner.backend
+    }
+
+    /// How many peers are loaded in the remote-agent cache right now.
+    pub fn remote_agent_count(&self) -> usize {
+        self.inner.remotes.lock().len()
+    }
+
+    pub(crate) fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    pub(crate) fn shared_name(&self) -> Arc<str> {
+        Arc::clone(&self.inner.name)
+    }
+
+    pub(crate) fn backend_arc(&self) -> Arc<dyn RegistrationBackend> {
+        Arc::clone(&self.inner.backend)
+    }
+
+    pub(crate) fn engine(&self) -> &Arc<Engine> {
+        &self.inner.engine
+    }
+
+    /// Exposes `descriptors` for a peer to READ. The operation completes when the
+    /// peer's notification arrives; publish [`ReadableOperation::metadata`].
+    pub fn create_readable(
+        &self,
+        descriptors: impl Into<Vec<Descriptor>>,
+    ) -> Result<ReadableOperation> {
+        self.create_passive(descriptors.into(), OperationKind::Read)
+            .map(ReadableOperation::new)
+    }
+
+    /// Exposes `descriptors` for a peer to WRITE into. Every descriptor must be writable.
+    pub fn create_writable(
+        &self,
+        descriptors: impl Into<Vec<Descriptor>>,
+    ) -> Result<WritableOperation> {
+        self.create_passive(descriptors.into(), OperationKind::Write)
+            .map(WritableOperation::new)
+    }
+
+    /// READs a peer's readable memory into `local`; the transfer is posted before
+    /// this returns.
+    pub fn begin_read(
+        &self,
+        remote: &RdmaMetadata,
+        local: impl Into<Vec<Descriptor>>,
+    ) -> Result<ReadOperation> {
+        self.begin_active(remote, local.into(), TransferOp::Read)
+            .map(ReadOperation::new)
+    }
+
+    /// WRITEs `local` into a peer's writable memory; the transfer is posted before
+    /// this returns.
+    pub fn begin_write(
+        &self,
+        local: impl Into<Vec<Descriptor>>,
+        remote: &RdmaMetadata,
+    ) -> Result<WriteOperation> {
+        self.begin_active(remote, local.into(), TransferOp::Write)
+            .map(WriteOperation::new)
+    }
+
+    fn create_passive(
+        &self,
+        mut descriptors: Vec<Descriptor>,
+        access: OperationKind,
+    ) -> Result<(OperationCore, RdmaMetadata)> {
+        check_local(&descriptors, access == OperationKind::Write)?;
+        let mut regions = Vec::with_capacity(descriptors.len());
+        for d in &mut descriptors {
+            d.register_memory(self)?;
+            regions.extend(d.region());
+        }
+        let exposure = self.inner.backend.expose(&regions, access)?;
+        let key = uuid::Uuid::new_v4().to_string();
+        let metadata = RdmaMetadata::new(
+            access,
+            descriptors.iter().map(Descriptor::serialized).collect(),
+            exposure.agent_metadata,
+            key,
+        );
+        let bytes = descriptors.iter().map(Descriptor::size).sum();
+        let shared = OpShared::new(
+            self.backend_arc(),
+            if access == OperationKind::Read {
+                "readable"
+            } else {
+                "writable"
+            },
+            bytes,
+            OperationStatus::Initialized,
+            Pending::Exposure(exposure.id),
+            None,
+        );
+        let metadata = match metadata {
+            Ok(m) => m,
+            Err(e) => {
+                shared.finish(Outcome::Cancelled);
+                return Err(e);
+            }
+        };
+        let key: Box<[u8]> = metadata.notification_key().as_bytes().into();
+        self.inner
+            .engine
+            .track_passive(key.clone(), Arc::clone(&shared));
+        tracing::debug!(connector = %self.inner.name, kind = ?access, descriptors = descriptors.len(), bytes, "exposed memory");
+        Ok((
+            OperationCore::new(shared, descriptors, self.clone(), Some(key)),
+            metadata,
+        ))
+    }
+
+    fn begin_active(
+        &self,
+        remote: &RdmaMetadata,
+        mut local: Vec<Descriptor>,
+        op: TransferOp,
+    ) -> Result<OperationCore> {
+        let expected = match op {
+            TransferOp::Read => OperationKind::Read,
+            TransferOp::Write => OperationKind::Write,
+        };
+        check_pairing(remote, &local, expected)?;
+        for d in &mut local {
+            d.register_memory(self)?;
+        }
+        let lease = self.inner.remotes.acquire(remote.agent_metadata())?;
+        let local_segments: Vec<Segment> = local.iter().map(|d| *d.segment()).collect();
+        let remote_segments = remote_segments(remote.descriptors())?;
+        let request = TransferRequest {
+            op,
+            peer: &lease.peer,
+            local: &local_segments,
+            remote: &remote_segments,
+            notification: remote.notification_key().as_bytes(),
+        };
+        let bytes = request.bytes();
+        let span = tracing::debug_span!("post", connector = %self.inner.name, peer = %lease.peer, ?op, bytes);
+        let _entered = span.enter();
+        // SAFETY: every local segment is a descriptor registered just above with
+        // this backend (writable when READ into: checked by `check_pairing`); the
+        // operation created below owns the descriptors and frees them only after
+        // `release` returned `Ok` (see `OperationCore::drop`).
+        let transfer = unsafe { self.inner.backend.post(&request)? };
+        let shared = OpShared::new(
+            self.backend_arc(),
+            match op {
+                TransferOp::Read => "read",
+                TransferOp::Write => "write",
+            },
+            bytes,
+            OperationStatus::InProgress,
+            Pending::Transfer(transfer),
+            Some(lease),
+        );
+        // Small transfers often finish at post time: skip the engine for those.
+        if !shared.poll_transfer() {
+            self.inner.engine.track_active(Arc::clone(&shared));
+        }
+        Ok(OperationCore::new(shared, local, self.clone(), None))
+    }
+}
+
+/// Checks a local list on its own: non-empty, one device kind, writable if written.
+fn check_local(local: &[Descriptor], written: bool) -> Result<()> {
+    let first = local
+        .first()
+        .ok_or(Error::EmptyDescriptorList { side: Side::Local })?;
+    let kind = first.device().kind();
+    for (index, d) in local.iter().enumerate() {
+        if d.device().kind() != kind {
+            return Err(Error::MixedDevices {
+                side: Side::Local,
+                index,
+                expected: kind,
+                found: d.device().kind(),
+            });
+        }
+        if written && !d.is_writable() {
+            return Err(Error::ReadOnlyBuffer { index });
+        }
+    }
+    Ok(())
+}
+
+/// Dynamo's pairing rules, checked before the backend is touched.
+fn check_pairing(
+    remote: &RdmaMetadata,
+    local: &[Descriptor],
+    expected: OperationKind,
+) -> Result<()> {
+    if remote.operation_kind() != expected {
+        return Err(Error::OperationKindMismatch {
+            expected,
+            found: remote.operation_kind(),
+        });
+    }
+    // A READ writes into local memory.
+    check_local(local, expected == OperationKind::Read)?;
+    let remote_descs = remote.descriptors();
+    if local.len() != remote_descs.len() {
+        return Err(Error::DescriptorCountMismatch {
+            local: local.len(),
+            remote: remote_descs.len(),
+        });
+    }
+    let remote_kind = remote_descs[0].device.kind();
+    for (index, (l, r)) in local.iter().zip(remote_descs).enumerate() {
+        if r.device.kind() != remote_kind {
+            return Err(Error::MixedDevices {
+                side: Side::Remote,
+                index,
+                expected: remote_kind,
+                found: r.device.kind(),
+            });
+        }
+        if l.size() as u64 != r.size {
+            return Err(Error::SizeMismatch {
+                index,
+                local: l.size(),
+                remote: usize::try_from(r.size).unwrap_or(usize::MAX),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn remote_segments(descriptors: &[SerializedDescriptor]) -> Result<Vec<Segment>> {
+    descriptors
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let addr = usize::try_from(d.ptr);
+            let len = usize::try_from(d.size);
+            match (addr, len) {
+                (Ok(addr), Ok(len)) => Ok(Segment {
+                    addr,
+                    len,
+                    device: d.device,
+                }),
+                _ => Err(Error::InvalidMetadata {
+                    field: format!("descriptors[{i}]"),
+                    reason: "does not fit this platform's address space".into(),
+                }),
+            }
+        })
+        .collect()
+}
+
+/// Loaded peers, reference-counted by the operations that use them.
+pub(crate) struct RemoteCache {
+    backend: Arc<dyn RegistrationBackend>,
+    peers: Mutex<HashMap<String, usize>>,
+}
+
+impl RemoteCache {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
+        self.peers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Loads (or merges) a peer's metadata and takes a reference on its entry.
+    /// The lock is held across the backend call so that a concurrent last
+    /// release cannot unload the peer between the load and the count.
+    fn acquire(self: &Arc<Self>, agent_metadata: &[u8]) -> Result<RemoteLease> {
+        let mut peers = self.lock();
+        let peer = self.backend.load_remote(agent_metadata)?;
+        *peers.entry(peer.clone()).or_insert(0) += 1;
+        Ok(RemoteLease {
+            cache: Arc::clone(self),
+            peer,
+        })
+    }
+}
+
+/// One operation's reference on a loaded peer; the last one dropped unloads it.
+pub(crate) struct RemoteLease {
+    cache: Arc<RemoteCache>,
+    peer: String,
+}
+
+impl Drop for RemoteLease {
+    fn drop(&mut self) {
+        let mut peers = self.cache.lock();
+        let Some(count) = peers.get_mut(&self.peer) else {
+            return;
+        };
+        *count -= 1;
+        if *count == 0 {
+            peers.remove(&self.peer);
+            if let Err(error) = self.cache.backend.unload_remote(&self.peer) {
+                tracing::warn!(%error, peer = %self.peer, "unloading peer failed");
+            }
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! The progress engine: one thread per connector that polls in-flight transfers,
+//! drains notifications and wakes waiters.
+//!
+//! It sleeps on a condition variable whenever nothing is in flight, so an idle
+//! connector burns no CPU. With an event-driven backend (one whose
+//! [`set_event_hook`](crate::RegistrationBackend::set_event_hook) returns true) it
+//! also sleeps while work is in flight, until the backend signals an event. With a
+//! polled backend it polls with exponential back-off: a tight loop would steal the
+//! CPU the transport's own progress thread needs.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
+use std::thread;
+use std::time::Duration;
+
+use crate::backend::RegistrationBackend;
+use crate::operation::state::{OpShared, Outcome};
+
+/// Longest sleep between polls of a polled backend.
+const MAX_BACKOFF: Duration = Duration::from_millis(1);
+/// Polls of a polled backend before the engine starts sleeping.
+const SPIN_POLLS: u32 = 16;
+/// An event-driven backend is still polled this often, in case an event was lost.
+const EVENT_SAFETY_POLL: Duration = Duration::from_millis(100);
+
+pub(crate) struct Engine {
+    backend: Arc<dyn RegistrationBackend>,
+    event_driven: bool,
+    work: Mutex<Work>,
+    wake: Condvar,
+    name: String,
+}
+
+#[derive(Default)]
+struct Work {
+    active: Vec<Arc<OpShared>>,
+    passive: HashMap<Box<[u8]>, Arc<OpShared>>,
+    events: bool,
+    shutdown: bool,
+    running: bool,
+}
+
+impl Engine {
+    pub(crate) fn new(backend: Arc<dyn RegistrationBackend>) -> Arc<Engine> {
+        Arc::new_cyclic(|weak: &Weak<Engine>| {
+            let hook_target = weak.clone();
+            let event_driven = backend.set_event_hook(Arc::new(move || {
+                if let Some(engine) = hook_target.upgrade() {
+                    engine.signal();
+                }
+            }));
+            Engine {
+                name: backend.agent_name().to_owned(),
+                backend,
+                event_driven,
+                work: Mutex::new(Work::default()),
+                wake: Condvar::new(),
+            }
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Work> {
+        self.work.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Called by the backend's event hook.
+    fn signal(&self) {
+        let mut work = self.lock();
+        work.events = true;
+        drop(work);
+        self.wake.notify_one();
+    }
+
+    /// Follows an active operation's transfer until it ends.
+    pub(crate) fn track_active(self: &Arc<Self>, op: Arc<OpShared>) {
+        let mut work = self.lock();
+        work.active.push(op);
+        work.events = true;
+        self.ensure_running(&mut work);
+        drop(work);
+        self.wake.notify_one();
+    }
+
+    /// Completes a passive operation when a notification carrying `key` arrives.
+    pub(crate) fn track_passive(self: &Arc<Self>, key: Box<[u8]>, op: Arc<OpShared>) {
+        let mut work = self.lock();
+        work.passive.insert(key, op);
+        work.events = true;
+        self.ensure_running(&mut work);
+        drop(work);
+        self.wake.notify_one();
+    }
+
+    pub(crate) fn untrack_passive(&self, key: &[u8]) {
+        self.lock().passive.remove(key);
+    }
+
+    pub(crate) fn shutdown(&self) {
+        self.lock().shutdown = true;
+        self.wake.notify_all();
+    }
+
+    fn ensure_running(self: &Arc<Self>, work: &mut Work) {
+        if work.running {
+            return;
+        }
+        let engine = Arc::clone(self);
+        let spawned = thread::Builder::new()
+            .name(format!("progress-{}", self.name))
+            .spawn(move || engine.run());
+        match spawned {
+            Ok(_) => work.running = true,
+            // Waiters then time out or wait on; the next operation tries again.
+            Err(error) => tracing::error!(%error, "cannot start the progress engine thread"),
+        }
+    }
+
+    fn run(self: Arc<Self>) {
+        tracing::debug!(agent = %self.name, event_driven = self.event_driven, "progress engine started");
+        let mut idle_polls = 0u32;
+        let mut active = Vec::new();
+        loop {
+            {
+                let mut work = self.lock();
+                loop {
+                    if work.shutdown {
+                        tracing::debug!(agent = %self.name, "progress engine stopped");
+                        return;
+                    }
+                    if std::mem::take(&mut work.events) {
+                        break;
+                    }
+                    let busy = !work.active.is_empty() || !work.passive.is_empty();
+                    if !busy {
+                        idle_polls = 0;
+                        work = self.wake.wait(work).unwrap_or_else(PoisonError::into_inner);
+                    } else if self.event_driven {
+                        let (w, timeout) = self
+                            .wake
+                            .wait_timeout(work, EVENT_SAFETY_POLL)
+                            .unwrap_or_else(PoisonError::into_inner);
+                        work = w;
+                        if timeout.timed_out() {
+                            break;
+                        }
+                    } else if idle_polls < SPIN_POLLS {
+                        break;
+                    } else {
+                        let backoff = Duration::from_micros(1 << (idle_polls - SPIN_POLLS).min(10))
+                            .min(MAX_BACKOFF);
+                        work = self
+                            .wake
+                            .wait_timeout(work, backoff)
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .0;
+                        break;
+                    }
+                }
+                active.clone_from(&work.active);
+            }
+            let progressed = self.pass(&active);
+            active.clear();
+            idle_polls = if progressed {
+                0
+            } else {
+                idle_polls.saturating_add(1)
+            };
+            if !self.event_driven && idle_polls < SPIN_POLLS && idle_polls > 0 {
+                thread::yield_now();
+            }
+        }
+    }
+
+    /// One round of polling; true if anything finished.
+    fn pass(&self, active: &[Arc<OpShared>]) -> bool {
+        let mut finished = Vec::new();
+        for op in active {
+            if op.poll_transfer() {
+                finished.push(Arc::as_ptr(op));
+            }
+        }
+        if !finished.is_empty() {
+            self.lock()
+                .active
+                .retain(|op| !finished.contains(&Arc::as_ptr(op)));
+        }
+        let mut notified = 0usize;
+        let drained = self.backend.drain_notifications(&mut |notification| {
+            let op = self.lock().passive.remove(notification.payload.as_slice());
+            match op {
+                Some(op) => {
+                    notified += 1;
+                    op.finish(Outcome::Complete);
+                }
+                None => tracing::debug!(
+                    from = %notification.from,
+                    bytes = notification.payload.len(),
+                    "dropping a notification no operation waits for"
+                ),
+            }
+        });
+        if let Err(error) = drained {
+            tracing::warn!(%error, "draining notifications failed");
+        }
+        !finished.is_empty() || notified > 0
+    }
+}

@@ -1,0 +1,176 @@
+//! The one error type of this crate and of every backend.
+
+use std::time::Duration;
+
+use crate::device::DeviceKind;
+use crate::metadata::OperationKind;
+
+/// Which side of a transfer a descriptor belongs to, for error messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// Descriptors owned by this process.
+    Local,
+    /// Descriptors named by a peer's [`RdmaMetadata`](crate::RdmaMetadata).
+    Remote,
+}
+
+impl std::fmt::Display for Side {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Side::Local => "local",
+            Side::Remote => "remote",
+        })
+    }
+}
+
+/// Everything that can go wrong, in this crate and in every backend.
+///
+/// Backends map their own failures into [`Error::Backend`] (or a more specific
+/// variant) so that callers match on one type whatever backend they chose.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A device string such as `"cuda:1"` could not be parsed.
+    #[error("invalid device {input:?}: {reason}")]
+    InvalidDevice {
+        /// The rejected input (truncated to 64 characters).
+        input: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+
+    /// A descriptor could not be built from the given memory.
+    #[error("invalid descriptor: {0}")]
+    InvalidDescriptor(String),
+
+    /// A descriptor is already registered with another connector.
+    #[error("descriptor is registered with connector {registered:?}, not {requested:?}")]
+    RegisteredElsewhere {
+        /// Name of the connector that holds the registration.
+        registered: String,
+        /// Name of the connector that was asked to register it.
+        requested: String,
+    },
+
+    /// [`RdmaMetadata`](crate::RdmaMetadata) failed validation or decoding.
+    #[error("invalid RDMA metadata: {field}: {reason}")]
+    InvalidMetadata {
+        /// The offending field (`"descriptors[3].ptr"`, `"nixl_metadata"`, ...).
+        field: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// An operation was given no descriptors.
+    #[error("{side} descriptor list is empty")]
+    EmptyDescriptorList {
+        /// The empty side.
+        side: Side,
+    },
+
+    /// The peer's metadata is for the other kind of operation.
+    #[error("metadata is for {found:?} operations but {expected:?} was needed")]
+    OperationKindMismatch {
+        /// The kind the call needs (`Read` for `begin_read`, `Write` for `begin_write`).
+        expected: OperationKind,
+        /// The kind the metadata carries.
+        found: OperationKind,
+    },
+
+    /// Local and remote descriptor lists differ in length.
+    #[error("{local} local descriptors cannot pair with {remote} remote descriptors")]
+    DescriptorCountMismatch {
+        /// Number of local descriptors.
+        local: usize,
+        /// Number of remote descriptors.
+        remote: usize,
+    },
+
+    /// A local descriptor and its remote partner differ in size.
+    #[error("descriptor {index}: local size {local} bytes != remote size {remote} bytes")]
+    SizeMismatch {
+        /// Position in both lists.
+        index: usize,
+        /// Local size in bytes.
+        local: usize,
+        /// Remote size in bytes.
+        remote: usize,
+    },
+
+    /// One side mixes device kinds (e.g. host and CUDA memory).
+    #[error("{side} descriptor {index} is {found} memory but descriptor 0 is {expected} memory")]
+    MixedDevices {
+        /// The side with mixed devices.
+        side: Side,
+        /// First descriptor whose device kind differs.
+        index: usize,
+        /// Device kind of descriptor 0.
+        expected: DeviceKind,
+        /// Device kind found at `index`.
+        found: DeviceKind,
+    },
+
+    /// A read-only buffer (such as `bytes::Bytes`) was offered where data must be written.
+    #[error("local descriptor {index} is read-only but the operation writes into it")]
+    ReadOnlyBuffer {
+        /// Position of the read-only descriptor.
+        index: usize,
+    },
+
+    /// The backend cannot do what was asked (device memory on loopback, ...).
+    #[error("{backend} backend does not support {what}")]
+    Unsupported {
+        /// Backend name.
+        backend: &'static str,
+        /// What was asked.
+        what: String,
+    },
+
+    /// The backend runtime is missing (e.g. `libnixl_capi.so` not found).
+    #[error("{backend} backend is unavailable: {reason}; tried: {}", tried.join(", "))]
+    BackendUnavailable {
+        /// Backend name.
+        backend: &'static str,
+        /// Why it is unavailable.
+        reason: String,
+        /// Every location or option tried.
+        tried: Vec<String>,
+    },
+
+    /// The peer named in metadata is unknown, gone, or refused access to a region.
+    #[error("{backend} backend: access to peer {peer:?} refused: {reason}")]
+    AccessDenied {
+        /// Backend name.
+        backend: &'static str,
+        /// The peer agent.
+        peer: String,
+        /// What was refused and why.
+        reason: String,
+    },
+
+    /// Any other backend failure, with the context it happened in.
+    #[error("{backend} backend: {context} failed: {reason}")]
+    Backend {
+        /// Backend name.
+        backend: &'static str,
+        /// What the library was doing (`"register"`, `"post READ to worker-2"`, ...).
+        context: String,
+        /// The backend's own description (status code, message).
+        reason: String,
+    },
+
+    /// A transfer was posted but ended in failure.
+    #[error("transfer failed: {0}")]
+    TransferFailed(String),
+
+    /// The operation was cancelled (explicitly or by being dropped).
+    #[error("operation was cancelled")]
+    Cancelled,
+
+    /// A wait gave up before the operation finished; the operation goes on.
+    #[error("operation did not finish within {0:?}")]
+    TimedOut(Duration),
+}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,84 @@
+//! Dynamo's `nixl_connect` API for Rust: register memory, describe it to a peer,
+//! and let the peer READ or WRITE it, over a pluggable transport.
+//!
+//! - [`Descriptor`]: one region of memory on one [`Device`], owning its buffer.
+//! - [`Connector`]: creates the four operations over a [`RegistrationBackend`].
+//! - [`ReadableOperation`] / [`WritableOperation`]: expose memory and publish
+//!   [`RdmaMetadata`] (Dynamo's wire format) for a peer.
+//! - [`ReadOperation`] / [`WriteOperation`]: READ from / WRITE to a peer's
+//!   exposed memory, given its metadata.
+//!
+//! # Quickstart
+//!
+//! Two connectors in one process on the in-process loopback backend; with real
+//! NIXL only the backend constructor changes.
+//!
+//! ```
+//! use backend_loopback::{Fabric, LoopbackBackend};
+//! use descriptor_core::{Connector, Descriptor, RdmaMetadata};
+//!
+//! let fabric = Fabric::new();
+//! let server = Connector::new(LoopbackBackend::new(&fabric, "server")?);
+//! let client = Connector::new(LoopbackBackend::new(&fabric, "client")?);
+//!
+//! // The server exposes a block for reading and publishes the metadata.
+//! let block = Descriptor::new(vec![42u8; 1 << 20])?;
+//! let readable = server.create_readable(vec![block])?;
+//! let wire: String = readable.metadata().to_json();
+//!
+//! // The client READs it into its own buffer.
+//! let remote: RdmaMetadata = wire.parse()?;
+//! let read = client.begin_read(&remote, vec![Descriptor::new(vec![0u8; 1 << 20])?])?;
+//! read.wait()?;
+//! readable.wait()?; // the client's notification arrived
+//!
+//! let local = read.into_descriptors().expect("complete").remove(0);
+//! assert!(local.into_vec::<u8>().expect("a Vec<u8>").iter().all(|&b| b == 42));
+//! # Ok::<(), descriptor_core::Error>(())
+//! ```
+//!
+//! # Safety model
+//!
+//! A peer reads and writes registered memory behind the compiler's back, so
+//! operations take descriptors (and their buffers) by value and hand them back
+//! only when no transfer can touch them any more. Dropping an unfinished
+//! operation cancels it; `mem::forget` leaks; neither lets safe code free memory
+//! a transfer may still use. See [`RegistrationBackend::revocation_enforced`] for
+//! what a backend can and cannot promise about peers.
+
+mod backend;
+mod buffer;
+mod connector;
+mod descriptor;
+mod device;
+mod engine;
+mod error;
+mod metadata;
+mod operation;
+
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
+pub use backend::{
+    EventHook, Exposure, ExposureId, Notification, RegionId, RegistrationBackend, Segment,
+    TransferId, TransferOp, TransferRequest, TransferState,
+};
+pub use buffer::{MemoryBuffer, RawMemory};
+pub use connector::Connector;
+pub use descriptor::Descriptor;
+pub use device::{Device, DeviceKind};
+pub use error::{Error, Result, Side};
+pub use metadata::{
+    MAX_AGENT_METADATA_BYTES, MAX_DESCRIPTORS, MAX_JSON_BYTES, MAX_NOTIFICATION_KEY_LEN,
+    OperationKind, RdmaMetadata, SerializedDescriptor, decode_agent_metadata,
+    encode_agent_metadata,
+};
+pub use operation::{
+    Completion, OperationFuture, OperationStatus, ReadOperation, ReadableOperation,
+    WritableOperation, WriteOperation,
+};
+
+/// The README's Rust examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;

@@ -1,0 +1,559 @@
+//! [`RdmaMetadata`]: what a passive operation publishes so a peer can reach it,
+//! byte-compatible with Dynamo's Python `nixl_connect`.
+//!
+//! ```json
+//! {"descriptors":[{"device":"cuda:0","ptr":140230000000000,"size":4096}],
+//!  "nixl_metadata":"b64:<base64 of zlib(level 6) of the agent blob>",
+//!  "notification_key":"<uuid4>","operation_kind":1}
+//! ```
+//!
+//! Metadata comes from peers and is untrusted: every field is validated, sizes are
+//! bounded before anything is allocated for them, and a zlib bomb is an error.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::io::Read;
+use std::str::FromStr;
+
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+
+use crate::device::Device;
+use crate::error::{Error, Result};
+
+/// Largest JSON document accepted by [`RdmaMetadata::from_json`].
+pub const MAX_JSON_BYTES: usize = 64 << 20;
+/// Most descriptors one metadata document may carry.
+pub const MAX_DESCRIPTORS: usize = 1 << 20;
+/// Largest decoded agent-metadata blob.
+pub const MAX_AGENT_METADATA_BYTES: usize = 32 << 20;
+/// Longest notification key.
+pub const MAX_NOTIFICATION_KEY_LEN: usize = 256;
+
+const B64_PREFIX: &str = "b64:";
+
+/// Which operation a peer may perform on published memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum OperationKind {
+    /// Published by a readable operation: the peer READs (`operation_kind: 1`).
+    Read = 1,
+    /// Published by a writable operation: the peer WRITEs (`operation_kind: 2`).
+    Write = 2,
+}
+
+impl OperationKind {
+    fn from_wire(value: u8) -> Result<OperationKind> {
+        match value {
+            1 => Ok(OperationKind::Read),
+            2 => Ok(OperationKind::Write),
+            other => Err(invalid(
+                "operation_kind",
+                format!("{other} is neither 1 (read) nor 2 (write)"),
+            )),
+        }
+    }
+}
+
+/// One remote region as it travels in [`RdmaMetadata`] (Dynamo's `SerializedDescriptor`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SerializedDescriptor {
+    /// Device of the region (`"cpu"` or `"cuda:N"` on the wire).
+    pub device: Device,
+    /// Address in the peer's address space; never zero.
+    pub ptr: u64,
+    /// Size in bytes; never zero.
+    pub size: u64,
+}
+
+/// What a passive operation publishes: its regions, its agent's metadata, the key
+/// its peer must notify, and what the peer may do.
+///
+/// ```
+/// # use descriptor_core::RdmaMetadata;
+/// let json = r#"{"descriptors":[{"device":"cpu","ptr":4096,"size":64}],"nixl_metadata":"b64:eJxLTE/NK9FNyslPAgAVQgPc","notification_key":"4bd9c5f2-0c36-4a1b-9b5e-6f1a1c3e7d10","operation_kind":1}"#;
+/// let metadata: RdmaMetadata = json.parse()?;
+/// assert_eq!(metadata.descriptors()[0].size, 64);
+/// assert_eq!(metadata.agent_metadata(), b"agent-blob");
+/// assert_eq!(metadata.to_json(), json);
+/// # Ok::<(), descriptor_core::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RdmaMetadata {
+    descriptors: Vec<SerializedDescriptor>,
+    agent_metadata: Vec<u8>,
+    notification_key: String,
+    operation_kind: OperationKind,
+}
+
+fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Error {
+    Error::InvalidMetadata {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+impl RdmaMetadata {
+    /// Builds metadata after validating every field as [`from_json`](Self::from_json) would.
+    pub fn new(
+        operation_kind: OperationKind,
+        descriptors: Vec<SerializedDescriptor>,
+        agent_metadata: Vec<u8>,
+        notification_key: String,
+    ) -> Result<RdmaMetadata> {
+        let metadata = RdmaMetadata {
+            descriptors,
+            agent_metadata,
+            notification_key,
+            operation_kind,
+        };
+        metadata.validate()?;
+        Ok(metadata)
+    }
+
+    /// The published regions, in order.
+    pub fn descriptors(&self) -> &[SerializedDescriptor] {
+        &self.descriptors
+    }
+
+    /// The decoded agent-metadata blob (what NIXL's `load_remote_md` takes).
+    pub fn agent_metadata(&self) -> &[u8] {
+        &self.agent_metadata
+    }
+
+    /// The payload the peer sends to signal completion.
+    pub fn notification_key(&self) -> &str {
+        &self.notification_key
+    }
+
+    /// What the peer may do with the regions.
+    pub fn operation_kind(&self) -> OperationKind {
+        self.operation_kind
+    }
+
+    /// Serializes to Dynamo's JSON (compact, fields in Dynamo's order).
+    pub fn to_json(&self) -> String {
+        let wire = Wire {
+            descriptors: Cow::Borrowed(&self.descriptors),
+            nixl_metadata: Cow::Owned(encode_agent_metadata(&self.agent_metadata)),
+            notification_key: Cow::Borrowed(&self.notification_key),
+            operation_kind: self.operation_kind as u8,
+        };
+        // Serializing plain strings and integers to a String cannot fail.
+        serde_json::to_string(&wire).unwrap_or_default()
+    }
+
+    /// Parses and validates Dynamo's JSON.
+    pub fn from_json(json: &str) -> Result<RdmaMetadata> {
+        RdmaMetadata::from_slice(json.as_bytes())
+    }
+
+    /// Parses and validates Dynamo's JSON from bytes.
+    pub fn from_slice(json: &[u8]) -> Result<RdmaMetadata> {
+        if json.len() > MAX_JSON_BYTES {
+            return Err(invalid(
+                "json",
+                format!(
+                    "{} bytes exceeds the limit of {MAX_JSON_BYTES} bytes",
+                    json.len()
+                ),
+            ));
+        }
+        let wire: Wire<'_> =
+            serde_json::from_slice(json).map_err(|e| invalid("json", e.to_string()))?;
+        let metadata = RdmaMetadata {
+            descriptors: wire.descriptors.into_owned(),
+            agent_metadata: decode_agent_metadata(&wire.nixl_metadata)?,
+            notification_key: wire.notification_key.into_owned(),
+            operation_kind: OperationKind::from_wire(wire.operation_kind)?,
+        };
+        metadata.validate()?;
+        Ok(metadata)
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.descriptors.is_empty() {
+            return Err(invalid("descriptors", "the list is empty"));
+        }
+        if self.descriptors.len() > MAX_DESCRIPTORS {
+            return Err(invalid(
+                "descriptors",
+                format!("more than {MAX_DESCRIPTORS} descriptors"),
+            ));
+        }
+        for (i, d) in self.descriptors.iter().enumerate() {
+            if d.ptr == 0 {
+                return Err(invalid(format!("descriptors[{i}].ptr"), "must not be zero"));
+            }
+            if d.size == 0 {
+                return Err(invalid(
+                    format!("descriptors[{i}].size"),
+                    "must not be zero",
+                ));
+            }
+            if d.ptr.checked_add(d.size).is_none() {
+                return Err(invalid(
+                    format!("descriptors[{i}]"),
+                    format!("ptr {:#x} + size {} overflows", d.ptr, d.size),
+                ));
+            }
+        }
+        if self.agent_metadata.is_empty() {
+            return Err(invalid("nixl_metadata", "is empty"));
+        }
+        if self.agent_metadata.len() > MAX_AGENT_METADATA_BYTES {
+            return Err(invalid(
+                "nixl_metadata",
+                format!("exceeds {MAX_AGENT_METADATA_BYTES} bytes"),
+            ));
+        }
+        let key = &self.notification_key;
+        if key.is_empty() || key.len() > MAX_NOTIFICATION_KEY_LEN {
+            return Err(invalid(
+                "notification_key",
+                format!(
+                    "length {} is not within 1..={MAX_NOTIFICATION_KEY_LEN}",
+                    key.len()
+                ),
+            ));
+        }
+        if !key.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(invalid(
+                "notification_key",
+                "must be printable ASCII without spaces",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for RdmaMetadata {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_json())
+    }
+}
+
+impl FromStr for RdmaMetadata {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<RdmaMetadata> {
+        RdmaMetadata::from_json(s)
+    }
+}
+
+impl Serialize for RdmaMetadata {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        Wire {
+            descriptors: Cow::Borrowed(&self.descriptors),
+            nixl_metadata: Cow::Owned(encode_agent_metadata(&self.agent_metadata)),
+            notification_key: Cow::Borrowed(&self.notification_key),
+            operation_kind: self.operation_kind as u8,
+        }
+        .serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for RdmaMetadata {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error as _;
+        let wire = Wire::deserialize(deserializer)?;
+        let metadata = RdmaMetadata {
+            descriptors: wire.descriptors.into_owned(),
+            agent_metadata: decode_agent_metadata(&wire.nixl_metadata).map_err(D::Error::custom)?,
+            notification_key: wire.notification_key.into_owned(),
+            operation_kind: OperationKind::from_wire(wire.operation_kind)
+                .map_err(D::Error::custom)?,
+        };
+        metadata.validate().map_err(D::Error::custom)?;
+        Ok(metadata)
+    }
+}
+
+/// The JSON shape, field order as pydantic writes it.
+#[derive(Serialize, Deserialize)]
+struct Wire<'a> {
+    #[serde(deserialize_with = "bounded_descriptors")]
+    descriptors: Cow<'a, [SerializedDescriptor]>,
+    #[serde(borrow)]
+    nixl_metadata: Cow<'a, str>,
+    #[serde(borrow)]
+    notification_key: Cow<'a, str>,
+    operation_kind: u8,
+}
+
+/// Reads the descriptor list but stops at [`MAX_DESCRIPTORS`], so a huge list is
+/// an error before it is a huge allocation.
+fn bounded_descriptors<'de, D>(
+    deserializer: D,
+) -> Result<Cow<'static, [SerializedDescriptor]>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    struct Bounded;
+    impl<'de> serde::de::Visitor<'de> for Bounded {
+        type Value = Vec<SerializedDescriptor>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "a list of at most {MAX_DESCRIPTORS} descriptors")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1024));
+            while let Some(d) = seq.next_element()? {
+                if out.len() == MAX_DESCRIPTORS {
+                    return Err(serde::de::Error::custom(format_args!(
+                        "more than {MAX_DESCRIPTORS} descriptors"
+                    )));
+                }
+                out.push(d);
+            }
+            Ok(out)
+        }
+    }
+    deserializer.deserialize_seq(Bounded).map(Cow::Owned)
+}
+
+/// Encodes an agent blob as Dynamo does: `"b64:"` + padded standard base64 of
+/// zlib (level 6) of the blob.
+pub fn encode_agent_metadata(blob: &[u8]) -> String {
+    use std::io::Write;
+    let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::new(6));
+    // Writing into a Vec cannot fail.
+    let compressed = z
+        .write_all(blob)
+        .and_then(|()| z.finish())
+        .unwrap_or_default();
+    let mut out = String::with_capacity(B64_PREFIX.len() + compressed.len().div_ceil(3) * 4);
+    out.push_str(B64_PREFIX);
+    base64::engine::general_purpose::STANDARD.encode_string(&compressed, &mut out);
+    out
+}
+
+/// Decodes `nixl_metadata`: `"b64:"` + base64, or Dynamo's legacy bare hex, of a
+/// zlib stream. The decompressed blob is capped at [`MAX_AGENT_METADATA_BYTES`].
+pub fn decode_agent_metadata(encoded: &str) -> Result<Vec<u8>> {
+    const FIELD: &str = "nixl_metadata";
+    let compressed = match encoded.strip_prefix(B64_PREFIX) {
+        Some(b64) => base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .map_err(|e| invalid(FIELD, format!("bad base64: {e}")))?,
+        None => decode_hex(encoded).ok_or_else(|| {
+            invalid(
+                FIELD,
+                "neither \"b64:\"-prefixed base64 nor an even-length hex string",
+            )
+        })?,
+    };
+    let mut blob = Vec::new();
+    flate2::read::ZlibDecoder::new(compressed.as_slice())
+        .take(MAX_AGENT_METADATA_BYTES as u64 + 1)
+        .read_to_end(&mut blob)
+        .map_err(|e| invalid(FIELD, format!("bad zlib stream: {e}")))?;
+    if blob.len() > MAX_AGENT_METADATA_BYTES {
+        return Err(invalid(
+            FIELD,
+            format!("decompresses to more than {MAX_AGENT_METADATA_BYTES} bytes"),
+        ));
+    }
+    Ok(blob)
+}
+
+fn decode_hex(hex: &str) -> Option<Vec<u8>> {
+    fn nibble(c: u8) -> Option<u8> {
+        match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            b'A'..=b'F' => Some(c - b'A' + 10),
+            _ => None,
+        }
+    }
+    let bytes = hex.as_bytes();
+    if bytes.len() % 2 != 0 {
+        return None;
+    }
+    bytes
+        .chunks_exact(2)
+        .map(|pair| Some(nibble(pair[0])? << 4 | nibble(pair[1])?))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rstest::rstest;
+
+    const KEY: &str = "0f8fad5b-d9cb-469f-a165-70867728950e";
+
+    fn sample() -> RdmaMetadata {
+        RdmaMetadata::new(
+            OperationKind::Read,
+            vec![SerializedDescriptor {
+                device: Device::cuda(0),
+                ptr: 140_230_000_000_000,
+                size: 4096,
+            }],
+            b"agent blob \x00\xff bytes".repeat(20),
+            KEY.to_owned(),
+        )
+        .unwrap_or_else(|e| unreachable!("{e}"))
+    }
+
+    fn json_with(field: &str, value: &str) -> String {
+        let mut v: serde_json::Value =
+            serde_json::from_str(&sample().to_json()).unwrap_or_default();
+        v[field] = serde_json::from_str(value).unwrap_or_default();
+        v.to_string()
+    }
+
+    #[test]
+    fn json_has_dynamos_exact_shape() {
+        let json = sample().to_json();
+        assert!(
+            json.starts_with(
+                r#"{"descriptors":[{"device":"cuda:0","ptr":140230000000000,"size":4096}],"nixl_metadata":"b64:"#
+            ),
+            "{json}"
+        );
+        assert!(json.ends_with(&format!(
+            r#"","notification_key":"{KEY}","operation_kind":1}}"#
+        )));
+    }
+
+    #[test]
+    fn round_trips_through_json_string_and_serde() {
+        let m = sample();
+        assert_eq!(RdmaMetadata::from_json(&m.to_json()).ok(), Some(m.clone()));
+        assert_eq!(m.to_string().parse::<RdmaMetadata>().ok(), Some(m.clone()));
+        let via_serde: Option<RdmaMetadata> = serde_json::to_string(&m)
+            .ok()
+            .and_then(|s| serde_json::from_str(&s).ok());
+        assert_eq!(via_serde, Some(m));
+    }
+
+    #[test]
+    fn agent_blob_is_zlib_level_6_in_padded_base64() {
+        use std::io::Write;
+        let blob = b"0123456789abcdef".repeat(40);
+        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::new(6));
+        z.write_all(&blob).ok();
+        let expected =
+            base64::engine::general_purpose::STANDARD.encode(z.finish().unwrap_or_default());
+        assert_eq!(encode_agent_metadata(&blob), format!("b64:{expected}"));
+        assert_eq!(
+            decode_agent_metadata(&encode_agent_metadata(&blob)).ok(),
+            Some(blob)
+        );
+    }
+
+    #[test]
+    fn accepts_legacy_hex_of_the_zlib_stream() {
+        // zlib.compress(b"ab", 6).hex() in Python.
+        let legacy = "789c4b4c0200012600c4";
+        assert_eq!(decode_agent_metadata(legacy).ok(), Some(b"ab".to_vec()));
+        assert_eq!(
+            decode_agent_metadata(&legacy.to_uppercase()).ok(),
+            Some(b"ab".to_vec())
+        );
+        let json = json_with("nixl_metadata", &format!("\"{legacy}\""));
+        assert_eq!(
+            RdmaMetadata::from_json(&json)
+                .ok()
+                .map(|m| m.agent_metadata),
+            Some(b"ab".to_vec())
+        );
+    }
+
+    #[test]
+    fn zlib_bomb_is_an_error_not_an_allocation() {
+        use std::io::Write;
+        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+        let zeros = vec![0u8; 1 << 20];
+        for _ in 0..(MAX_AGENT_METADATA_BYTES >> 20) + 1 {
+            z.write_all(&zeros).ok();
+        }
+        let bomb = z.finish().unwrap_or_default();
+        assert!(
+            bomb.len() < 100_000,
+            "the bomb is small: {} bytes",
+            bomb.len()
+        );
+        let encoded = format!(
+            "b64:{}",
+            base64::engine::general_purpose::STANDARD.encode(bomb)
+        );
+        let err = decode_agent_metadata(&encoded).err().map(|e| e.to_string());
+        assert!(err.is_some_and(|e| e.contains("decompresses to more than")));
+    }
+
+    #[test]
+    fn oversized_json_is_refused_before_parsing() {
+        let huge = " ".repeat(MAX_JSON_BYTES + 1);
+        let err = RdmaMetadata::from_json(&huge).err().map(|e| e.to_string());
+        assert!(err.is_some_and(|e| e.contains("exceeds the limit")));
+    }
+
+    #[test]
+    fn descriptor_count_is_bounded_while_parsing() {
+        let one = r#"{"device":"cpu","ptr":1,"size":1},"#;
+        let mut list = one.repeat(MAX_DESCRIPTORS + 1);
+        list.pop();
+        let json = json_with("descriptors", "[]")
+            .replace(r#""descriptors":[]"#, &format!(r#""descriptors":[{list}]"#));
+        assert!(json.len() <= MAX_JSON_BYTES);
+        let err = RdmaMetadata::from_json(&json).err().map(|e| e.to_string());
+        assert!(
+            err.as_deref()
+                .is_some_and(|e| e.contains("more than 1048576 descriptors")),
+            "{err:?}"
+        );
+    }
+
+    #[rstest]
+    #[case::zero_ptr(
+        "descriptors",
+        r#"[{"device":"cpu","ptr":0,"size":8}]"#,
+        "descriptors[0].ptr"
+    )]
+    #[case::zero_size(
+        "descriptors",
+        r#"[{"device":"cpu","ptr":8,"size":0}]"#,
+        "descriptors[0].size"
+    )]
+    #[case::wrapping_range(
+        "descriptors",
+        r#"[{"device":"cpu","ptr":18446744073709551615,"size":2}]"#,
+        "descriptors[0]"
+    )]
+    #[case::negative_ptr("descriptors", r#"[{"device":"cpu","ptr":-5,"size":2}]"#, "json")]
+    #[case::bad_device("descriptors", r#"[{"device":"npu:0","ptr":8,"size":2}]"#, "json")]
+    #[case::empty_list("descriptors", "[]", "descriptors")]
+    #[case::kind_zero("operation_kind", "0", "operation_kind")]
+    #[case::kind_three("operation_kind", "3", "operation_kind")]
+    #[case::kind_huge("operation_kind", "300", "json")]
+    #[case::empty_key("notification_key", r#""""#, "notification_key")]
+    #[case::key_with_space("notification_key", r#""a b""#, "notification_key")]
+    #[case::odd_hex("nixl_metadata", r#""abc""#, "nixl_metadata")]
+    #[case::bad_base64("nixl_metadata", r#""b64:!!!!""#, "nixl_metadata")]
+    #[case::not_zlib("nixl_metadata", r#""b64:aGVsbG8=""#, "nixl_metadata")]
+    #[case::empty_blob("nixl_metadata", r#""""#, "nixl_metadata")]
+    #[case::hex_not_zlib("nixl_metadata", r#""6162""#, "nixl_metadata")]
+    fn rejects_invalid_fields(#[case] field: &str, #[case] value: &str, #[case] reported: &str) {
+        let json = json_with(field, value);
+        match RdmaMetadata::from_json(&json) {
+            Err(Error::InvalidMetadata { field, .. }) => assert_eq!(field, reported),
+            other => panic!("{json} gave {other:?}"),
+        }
+    }
+
+    #[rstest]
+    #[case::not_json("hello")]
+    #[case::missing_fields("{}")]
+    #[case::array("[1,2]")]
+    #[case::truncated(r#"{"descriptors":[{"device":"cpu""#)]
+    fn rejects_malformed_json(#[case] json: &str) {
+        assert!(matches!(
+            RdmaMetadata::from_json(json),
+            Err(Error::InvalidMetadata { .. })
+        ));
+    }
+}

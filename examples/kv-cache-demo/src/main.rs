@@ -1,0 +1,257 @@
+//! The main job, end to end: a "prefill" worker and a "decode" worker move
+//! KV-cache-like blocks both ways (readable → read, writable → write) through the
+//! public API, verify checksums, and report bytes, time, bandwidth and metadata size.
+//!
+//! `cargo xtask demo [--backend NAME] [--blocks N] [--block-size BYTES] [--iterations N]`
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use descriptor_core::{Connector, Descriptor, RdmaMetadata};
+
+struct Args {
+    backend: String,
+    blocks: usize,
+    block_size: usize,
+    iterations: usize,
+}
+
+const USAGE: &str =
+    "usage: kv-cache-demo [--backend NAME] [--blocks N] [--block-size BYTES] [--iterations N]";
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        backend: "loopback".into(),
+        blocks: 64,
+        block_size: 256 << 10,
+        iterations: 5,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        if flag == "--help" || flag == "-h" {
+            return Err(USAGE.into());
+        }
+        let value = it
+            .next()
+            .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
+        let number = || {
+            value
+                .parse::<usize>()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| format!("{flag} takes a positive integer, not {value:?}"))
+        };
+        match flag.as_str() {
+            "--backend" => args.backend = value.clone(),
+            "--blocks" => args.blocks = number()?,
+            "--block-size" => args.block_size = number()?,
+            "--iterations" => args.iterations = number()?,
+            _ => return Err(format!("unknown option {flag:?}\n{USAGE}")),
+        }
+    }
+    Ok(args)
+}
+
+/// Backends compiled into this build, by the crate's features.
+const BACKENDS: &[&str] = &[
+    #[cfg(feature = "loopback")]
+    "loopback",
+];
+
+fn connectors(backend: &str) -> Result<(Connector, Connector), String> {
+    match backend {
+        #[cfg(feature = "loopback")]
+        "loopback" => {
+            use backend_loopback::{Fabric, LoopbackBackend};
+            let fabric = Fabric::new();
+            let make = |name| {
+                LoopbackBackend::new(&fabric, name)
+                    .map(Connector::new)
+                    .map_err(|e| e.to_string())
+            };
+            Ok((make("prefill-worker")?, make("decode-worker")?))
+        }
+        other => Err(format!(
+            "unknown backend {other:?}; this build has: {}",
+            BACKENDS.join(", ")
+        )),
+    }
+}
+
+/// A fast 64-bit checksum over 8-byte words, then the tail bytes.
+fn checksum(bytes: &[u8]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    let mut words = bytes.chunks_exact(8);
+    for w in &mut words {
+        let w = u64::from_le_bytes(w.try_into().unwrap_or_default());
+        h = (h ^ w).wrapping_mul(0x0100_0000_01b3).rotate_left(29);
+    }
+    for &b in words.remainder() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+fn fill(descs: &mut [Descriptor], seed: u64) -> Vec<u64> {
+    descs
+        .iter_mut()
+        .enumerate()
+        .map(|(i, d)| {
+            let mut x = (seed << 20 | i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            let bytes = d.as_mut_slice().unwrap_or_default();
+            for chunk in bytes.chunks_mut(8) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+            }
+            checksum(bytes)
+        })
+        .collect()
+}
+
+fn checksums(descs: &[Descriptor]) -> Vec<u64> {
+    descs
+        .iter()
+        .map(|d| checksum(d.as_slice().unwrap_or_default()))
+        .collect()
+}
+
+fn blocks(args: &Args) -> Result<Vec<Descriptor>, String> {
+    (0..args.blocks)
+        .map(|_| Descriptor::new(vec![0u8; args.block_size]).map_err(|e| e.to_string()))
+        .collect()
+}
+
+struct Run {
+    times: Vec<Duration>,
+    json_bytes: usize,
+    agent_metadata_bytes: usize,
+}
+
+/// One direction, `iterations` times, reusing (registered) buffers as a KV pool would.
+fn run(args: &Args, prefill: &Connector, decode: &Connector, write: bool) -> Result<Run, String> {
+    let err = |e: descriptor_core::Error| e.to_string();
+    let mut source = blocks(args)?;
+    let mut target = blocks(args)?;
+    let mut run = Run {
+        times: Vec::new(),
+        json_bytes: 0,
+        agent_metadata_bytes: 0,
+    };
+    for iteration in 0..args.iterations {
+        let expected = fill(&mut source, iteration as u64 + if write { 1000 } else { 0 });
+        for d in &mut target {
+            d.as_mut_slice().unwrap_or_default().fill(0);
+        }
+        let started;
+        let (passive_back, active_back) = if write {
+            // decode exposes its pool for writing; prefill pushes blocks into it.
+            let writable = decode
+                .create_writable(std::mem::take(&mut target))
+                .map_err(err)?;
+            let json = writable.metadata().to_json();
+            started = Instant::now();
+            let metadata: RdmaMetadata = json.parse().map_err(err)?;
+            let op = prefill
+                .begin_write(std::mem::take(&mut source), &metadata)
+                .map_err(err)?;
+            op.wait().map_err(err)?;
+            writable.wait().map_err(err)?;
+            run.json_bytes = json.len();
+            run.agent_metadata_bytes = metadata.agent_metadata().len();
+            (writable.into_descriptors().ok(), op.into_descriptors().ok())
+        } else {
+            // prefill exposes its blocks for reading; decode pulls them.
+            let readable = prefill
+                .create_readable(std::mem::take(&mut source))
+                .map_err(err)?;
+            let json = readable.metadata().to_json();
+            started = Instant::now();
+            let metadata: RdmaMetadata = json.parse().map_err(err)?;
+            let op = decode
+                .begin_read(&metadata, std::mem::take(&mut target))
+                .map_err(err)?;
+            op.wait().map_err(err)?;
+            readable.wait().map_err(err)?;
+            run.json_bytes = json.len();
+            run.agent_metadata_bytes = metadata.agent_metadata().len();
+            (readable.into_descriptors().ok(), op.into_descriptors().ok())
+        };
+        run.times.push(started.elapsed());
+        let (Some(passive), Some(active)) = (passive_back, active_back) else {
+            return Err("completed operations did not return their buffers".into());
+        };
+        (source, target) = if write {
+            (active, passive)
+        } else {
+            (passive, active)
+        };
+        if checksums(&target) != expected {
+            return Err(format!(
+                "iteration {iteration}: checksums differ after the transfer"
+            ));
+        }
+    }
+    Ok(run)
+}
+
+fn report(args: &Args, name: &str, run: &Run) {
+    let bytes = args.blocks * args.block_size;
+    let mut sorted = run.times.clone();
+    sorted.sort();
+    let median = sorted[sorted.len() / 2];
+    let gbps = |d: Duration| bytes as f64 / d.as_secs_f64() / 1e9;
+    println!(
+        "  {name:<17} {:>8.2} MiB  first {:>9.3} ms ({:>6.2} GB/s)  median {:>9.3} ms ({:>6.2} GB/s)  metadata {} B json / {} B agent blob",
+        bytes as f64 / (1 << 20) as f64,
+        run.times[0].as_secs_f64() * 1e3,
+        gbps(run.times[0]),
+        median.as_secs_f64() * 1e3,
+        gbps(median),
+        run.json_bytes,
+        run.agent_metadata_bytes,
+    );
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = connectors(&args.backend).and_then(|(prefill, decode)| {
+        println!(
+            "kv-cache-demo: backend {}, {} blocks x {} KiB, {} iterations, checksums verified each time",
+            args.backend,
+            args.blocks,
+            args.block_size / 1024,
+            args.iterations
+        );
+        let read = run(&args, &prefill, &decode, false)?;
+        report(&args, "readable -> read", &read);
+        let write = run(&args, &prefill, &decode, true)?;
+        report(&args, "writable -> write", &write);
+        if prefill.remote_agent_count() + decode.remote_agent_count() != 0 {
+            return Err("remote agents left loaded after all operations ended".into());
+        }
+        Ok(())
+    });
+    match result {
+        Ok(()) => {
+            println!("  OK: all blocks verified in both directions");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("kv-cache-demo: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! Project automation, run as `cargo xtask <command>`:
+//!
+//! - `test`: formatting, clippy, every test and doc test, rustdoc and the demo,
+//!   with a one-screen summary at the end.
+//! - `demo [--backend NAME] [demo options]`: the main job, in a release build.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
+
+/// Backends the demo knows, with the demo crate's feature that builds each.
+const BACKENDS: &[(&str, &str)] = &[("loopback", "loopback")];
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let root = workspace_root();
+    let result = match args.first().map(String::as_str) {
+        Some("test") => test(&root, &args[1..]),
+        Some("demo") => demo(&root, &args[1..]),
+        _ => {
+            eprintln!(
+                "usage: cargo xtask <command>\n\n\
+                 commands:\n  \
+                 test                  fmt check, clippy -D warnings, all tests and doc tests, rustdoc -D warnings, demo\n  \
+                 demo [--backend NAME] [--blocks N] [--block-size BYTES] [--iterations N]\n                        \
+                 move KV-cache-like blocks both ways and report bandwidth (backends: {})",
+                BACKENDS
+                    .iter()
+                    .map(|(b, _)| *b)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            Err(2)
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(code) => ExitCode::from(code),
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().map(Path::to_path_buf).unwrap_or(manifest)
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
+
+/// Runs a command in the workspace root, inheriting output; true on success.
+fn run(root: &Path, mut cmd: Command) -> bool {
+    cmd.current_dir(root);
+    eprintln!("$ {}", describe(&cmd));
+    match cmd.status() {
+        Ok(status) => status.success(),
+        Err(e) => {
+            eprintln!("xtask: cannot run {}: {e}", describe(&cmd));
+            false
+        }
+    }
+}
+
+fn describe(cmd: &Command) -> String {
+    let mut parts = vec![cmd.get_program().to_string_lossy().into_owned()];
+    parts.extend(cmd.get_args().map(|a| a.to_string_lossy().into_owned()));
+    let envs: Vec<String> = cmd
+        .get_envs()
+        .filter_map(|(k, v)| Some(format!("{}={}", k.to_string_lossy(), v?.to_string_lossy())))
+        .collect();
+    if envs.is_empty() {
+        parts.join(" ")
+    } else {
+        format!("{} {}", envs.join(" "), parts.join(" "))
+    }
+}
+
+/// Makes sure a rustup component's cargo subcommand exists, installing it if it can.
+fn ensure_component(subcommand: &str, component: &str) -> Result<(), String> {
+    let present = cargo()
+        .args([subcommand, "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if present {
+        return Ok(());
+    }
+    eprintln!(
+        "xtask: `cargo {subcommand}` is missing; installing it with `rustup component add {component}`"
+    );
+    let installed = Command::new("rustup")
+        .args(["component", "add", component])
+        .status()
+        .is_ok_and(|s| s.success());
+    if installed {
+        Ok(())
+    } else {
+        Err(format!(
+            "`cargo {subcommand}` is missing; run: rustup component add {component}"
+        ))
+    }
+}
+
+struct Step {
+    name: &'static str,
+    ok: bool,
+    took: Duration,
+}
+
+fn test(root: &Path, args: &[String]) -> Result<(), u8> {
+    if let Some(extra) = args.first() {
+        eprintln!("xtask test: unknown option {extra:?}");
+        return Err(2);
+    }
+    for (sub, component) in [("fmt", "rustfmt"), ("clippy", "clippy")] {
+        if let Err(e) = ensure_component(sub, component) {
+            eprintln!("xtask test: {e}");
+            return Err(1);
+        }
+    }
+    let mut steps = Vec::new();
+    let mut step = |name: &'static str, cmd: Command| {
+        let started = Instant::now();
+        eprintln!("\n== {name} ==");
+        let ok = run(root, cmd);
+        steps.push(Step {
+            name,
+            ok,
+            took: started.elapsed(),
+        });
+    };
+
+    let mut fmt = cargo();
+    fmt.args(["fmt", "--all", "--", "--check"]);
+    step("rustfmt --check", fmt);
+
+    let mut clippy = cargo();
+    clippy.args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--all-features",
+        "--",
+        "-D",
+        "warnings",
+    ]);
+    step("clippy -D warnings", clippy);
+
+    let mut tests = cargo();
+    tests.args(["test", "--workspace", "--all-features"]);
+    step("tests + doc tests", tests);
+
+    let mut doc = cargo();
+    doc.args(["doc", "--workspace", "--no-deps", "--all-features"])
+        .env("RUSTDOCFLAGS", "-D warnings");
+    step("rustdoc -D warnings", doc);
+
+    let mut features = cargo();
+    features.args(["check", "-p", "kv-cache-demo", "--no-default-features"]);
+    step("demo crate, no features", features);
+
+    let mut demo = cargo();
+    demo.args([
+        "run",
+        "--release",
+        "-p",
+        "kv-cache-demo",
+        "--",
+        "--iterations",
+        "3",
+    ]);
+    step("demo (loopback)", demo);
+
+    println!("\n== cargo xtask test: summary ==");
+    for s in &steps {
+        println!(
+            "  {:<26} {:<4} {:>7.1} s",
+            s.name,
+            if s.ok { "ok" } else { "FAIL" },
+            s.took.as_secs_f64()
+        );
+    }
+    let failed = steps.iter().filter(|s| !s.ok).count();
+    if failed == 0 {
+        println!("  all {} steps passed", steps.len());
+        Ok(())
+    } else {
+        println!("  {failed} of {} steps failed", steps.len());
+        Err(1)
+    }
+}
+
+fn demo(root: &Path, args: &[String]) -> Result<(), u8> {
+    let mut backend = "loopback".to_owned();
+    let mut rest = Vec::new();
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        if arg == "--backend" {
+            match it.next() {
+                Some(b) => backend = b.clone(),
+                None => {
+                    eprintln!("xtask demo: --backend needs a value");
+                    return Err(2);
+                }
+            }
+        } else {
+            rest.push(arg.clone());
+        }
+    }
+    let Some((_, feature)) = BACKENDS.iter().find(|(name, _)| *name == backend) else {
+        eprintln!(
+            "xtask demo: unknown backend {backend:?}; available: {}",
+            BACKENDS
+                .iter()
+                .map(|(b, _)| *b)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        return Err(2);
+    };
+    let mut cmd = cargo();
+    cmd.args([
+        "run",
+        "--quiet",
+        "--release",
+        "-p",
+        "kv-cache-demo",
+        "--features",
+        feature,
+        "--",
+        "--backend",
+        &backend,
+    ]);
+    cmd.args(&rest);
+    if run(root, cmd) { Ok(()) } else { Err(1) }
+}
