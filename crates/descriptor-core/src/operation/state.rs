@@ -198,7 +198,8 @@ impl OpShared {
 
     /// Blocks until the operation ends or `timeout` passes.
     pub(crate) fn wait(&self, timeout: Option<Duration>) -> Result<()> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        // A timeout too large to represent is no timeout.
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let mut st = self.lock();
         loop {
             if let Some(result) = Self::result(&st) {

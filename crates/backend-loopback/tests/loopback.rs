@@ -1,0 +1,398 @@
+//! Loopback-specific behaviour: forged metadata is refused without touching
+//! memory, exposures are scoped, and injected faults end operations cleanly.
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+use std::time::Duration;
+
+use backend_loopback::{Fabric, FaultInjector, LoopbackBackend};
+use descriptor_core::conformance::pattern;
+use descriptor_core::{
+    Connector, Descriptor, Device, Error, OperationKind, OperationStatus, RdmaMetadata,
+    SerializedDescriptor,
+};
+
+const SHORT: Duration = Duration::from_millis(150);
+const LONG: Duration = Duration::from_secs(10);
+
+fn connector(fabric: &Fabric, name: &str) -> (Connector, FaultInjector) {
+    let backend = LoopbackBackend::new(fabric, name).unwrap();
+    let faults = backend.faults();
+    (Connector::new(backend), faults)
+}
+
+fn pair() -> (Fabric, Connector, Connector, FaultInjector) {
+    let fabric = Fabric::new();
+    let (server, _) = connector(&fabric, "server");
+    let (client, faults) = connector(&fabric, "client");
+    (fabric, server, client, faults)
+}
+
+fn zeroed(len: usize) -> Vec<Descriptor> {
+    vec![Descriptor::new(vec![0u8; len]).unwrap()]
+}
+
+fn filled(seed: u64, len: usize) -> Vec<Descriptor> {
+    vec![Descriptor::new(pattern(seed, len)).unwrap()]
+}
+
+/// Metadata like `meta` but with other descriptors or kind: what a hostile peer sends.
+fn forge(
+    meta: &RdmaMetadata,
+    kind: OperationKind,
+    descriptors: Vec<SerializedDescriptor>,
+) -> RdmaMetadata {
+    RdmaMetadata::new(
+        kind,
+        descriptors,
+        meta.agent_metadata().to_vec(),
+        meta.notification_key().to_owned(),
+    )
+    .unwrap()
+}
+
+fn shifted(meta: &RdmaMetadata, by: u64, size: u64) -> Vec<SerializedDescriptor> {
+    let d = meta.descriptors()[0];
+    vec![SerializedDescriptor {
+        ptr: d.ptr + by,
+        size,
+        ..d
+    }]
+}
+
+fn assert_untouched(writable: descriptor_core::WritableOperation) {
+    assert_eq!(writable.status(), OperationStatus::Initialized);
+    writable.cancel();
+    let back = writable.into_descriptors().unwrap();
+    assert!(
+        back[0].as_slice().unwrap().iter().all(|&b| b == 0),
+        "target memory was written"
+    );
+}
+
+fn assert_denied(result: Result<descriptor_core::WriteOperation, Error>, needle: &str) {
+    match result {
+        Err(Error::AccessDenied { reason, .. }) => assert!(reason.contains(needle), "{reason}"),
+        other => panic!("expected AccessDenied ({needle}), got {other:?}"),
+    }
+}
+
+#[test]
+fn pointer_past_the_exposed_region_is_refused() {
+    let (_f, server, client, _) = pair();
+    let writable = server.create_writable(zeroed(4096)).unwrap();
+    let forged = forge(
+        writable.metadata(),
+        OperationKind::Write,
+        shifted(writable.metadata(), 1, 4096),
+    );
+    assert_denied(
+        client.begin_write(filled(1, 4096), &forged),
+        "not inside memory the peer exposed",
+    );
+    assert_eq!(client.remote_agent_count(), 0);
+    assert_untouched(writable);
+}
+
+#[test]
+fn size_larger_than_registered_is_refused() {
+    let (_f, server, client, _) = pair();
+    let writable = server.create_writable(zeroed(4096)).unwrap();
+    let forged = forge(
+        writable.metadata(),
+        OperationKind::Write,
+        shifted(writable.metadata(), 0, 4097),
+    );
+    assert_denied(
+        client.begin_write(filled(2, 4097), &forged),
+        "not inside memory",
+    );
+    assert_untouched(writable);
+}
+
+#[test]
+fn region_exposed_by_another_operation_is_out_of_reach() {
+    let (_f, server, client, _) = pair();
+    let mine = server.create_writable(zeroed(4096)).unwrap();
+    let other = server.create_writable(zeroed(4096)).unwrap();
+    // The client holds `mine`'s metadata but aims at `other`'s buffer.
+    let forged = forge(
+        mine.metadata(),
+        OperationKind::Write,
+        other.metadata().descriptors().to_vec(),
+    );
+    assert_denied(
+        client.begin_write(filled(3, 4096), &forged),
+        "not inside memory",
+    );
+    assert_untouched(other);
+    assert_untouched(mine);
+}
+
+#[test]
+fn readable_memory_cannot_be_written_by_flipping_the_kind() {
+    let (_f, server, client, _) = pair();
+    let readable = server.create_readable(filled(4, 4096)).unwrap();
+    let forged = forge(
+        readable.metadata(),
+        OperationKind::Write,
+        readable.metadata().descriptors().to_vec(),
+    );
+    assert_denied(client.begin_write(zeroed(4096), &forged), "for writing");
+    readable.cancel();
+    let back = readable.into_descriptors().unwrap();
+    assert_eq!(back[0].as_slice().unwrap(), pattern(4, 4096).as_slice());
+}
+
+#[test]
+fn writable_memory_cannot_be_read_by_flipping_the_kind() {
+    let (_f, server, client, _) = pair();
+    let writable = server.create_writable(filled(5, 4096)).unwrap();
+    let forged = forge(
+        writable.metadata(),
+        OperationKind::Read,
+        writable.metadata().descriptors().to_vec(),
+    );
+    match client.begin_read(&forged, zeroed(4096)) {
+        Err(Error::AccessDenied { reason, .. }) => {
+            assert!(reason.contains("for reading"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn ended_operation_no_longer_exposes_its_memory() {
+    let (_f, server, client, _) = pair();
+    let readable = server.create_readable(filled(6, 4096)).unwrap();
+    let read = client
+        .begin_read(readable.metadata(), zeroed(4096))
+        .unwrap();
+    read.wait_timeout(LONG).unwrap();
+    readable.wait_timeout(LONG).unwrap();
+    // A second read with the same metadata after completion is refused.
+    let again = client.begin_read(readable.metadata(), zeroed(4096));
+    assert!(
+        matches!(again, Err(Error::AccessDenied { .. })),
+        "{again:?}"
+    );
+}
+
+#[test]
+fn metadata_from_another_fabric_is_refused() {
+    let (_f, server, _, _) = pair();
+    let (stranger, _) = connector(&Fabric::new(), "stranger");
+    let readable = server.create_readable(filled(7, 64)).unwrap();
+    match stranger.begin_read(readable.metadata(), zeroed(64)) {
+        Err(Error::AccessDenied { reason, .. }) => assert!(reason.contains("another fabric")),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(stranger.remote_agent_count(), 0);
+}
+
+#[test]
+fn garbage_agent_metadata_is_an_error() {
+    let (_f, server, client, _) = pair();
+    let readable = server.create_readable(filled(8, 64)).unwrap();
+    let m = readable.metadata();
+    let garbage = RdmaMetadata::new(
+        OperationKind::Read,
+        m.descriptors().to_vec(),
+        b"not an agent".to_vec(),
+        m.notification_key().to_owned(),
+    )
+    .unwrap();
+    let result = client.begin_read(&garbage, zeroed(64));
+    assert!(
+        matches!(result, Err(Error::InvalidMetadata { .. })),
+        "{result:?}"
+    );
+}
+
+#[test]
+fn device_memory_is_refused_with_a_clear_error() {
+    let (_f, server, _, _) = pair();
+    let mut fake = vec![0u8; 64];
+    // SAFETY: `fake` outlives the descriptor; registration refuses it before any access.
+    let cuda = unsafe { Descriptor::from_raw_parts(fake.as_mut_ptr(), 64, Device::cuda(0), None) }
+        .unwrap();
+    match server.create_readable(vec![cuda]) {
+        Err(Error::Unsupported { backend, what }) => {
+            assert_eq!(backend, "loopback");
+            assert!(what.contains("cuda:0"), "{what}");
+        }
+        other => panic!("{other:?}"),
+    }
+    drop(fake);
+}
+
+#[test]
+fn agent_names_are_unique_per_fabric_and_nonempty() {
+    let fabric = Fabric::new();
+    let first = LoopbackBackend::new(&fabric, "w").unwrap();
+    assert!(LoopbackBackend::new(&fabric, "w").is_err());
+    assert!(LoopbackBackend::new(&fabric, "").is_err());
+    assert!(
+        LoopbackBackend::new(&Fabric::new(), "w").is_ok(),
+        "other fabrics are independent"
+    );
+    assert_eq!(fabric.agents(), ["w"]);
+    drop(first);
+    assert!(
+        fabric.agents().is_empty(),
+        "a dropped agent leaves the fabric"
+    );
+    assert!(LoopbackBackend::new(&fabric, "w").is_ok());
+}
+
+#[test]
+fn descriptor_of_one_connector_is_refused_by_another() {
+    let (_f, server, client, _) = pair();
+    let mut d = Descriptor::new(vec![1u8; 64]).unwrap();
+    d.register_memory(&server).unwrap();
+    let result = client.create_readable(vec![d]);
+    assert!(
+        matches!(result, Err(Error::RegisteredElsewhere { .. })),
+        "{result:?}"
+    );
+}
+
+#[test]
+fn injected_failure_errors_the_operation_and_moves_nothing() {
+    let (_f, server, client, faults) = pair();
+    let writable = server.create_writable(zeroed(4096)).unwrap();
+    faults.fail_next_transfer("injected: link down");
+    let write = client
+        .begin_write(filled(9, 4096), writable.metadata())
+        .unwrap();
+    match write.wait_timeout(LONG) {
+        Err(Error::TransferFailed(reason)) => assert_eq!(reason, "injected: link down"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(write.status(), OperationStatus::Errored);
+    write.cancel();
+    assert_eq!(
+        write.status(),
+        OperationStatus::Errored,
+        "terminal states are sticky"
+    );
+    assert_eq!(client.remote_agent_count(), 0);
+    // The writable is untouched and still usable: the retry lands.
+    assert!(matches!(
+        writable.wait_timeout(SHORT),
+        Err(Error::TimedOut(_))
+    ));
+    let retry = client
+        .begin_write(filled(9, 4096), writable.metadata())
+        .unwrap();
+    retry.wait_timeout(LONG).unwrap();
+    writable.wait_timeout(LONG).unwrap();
+    assert_eq!(
+        writable.into_descriptors().unwrap()[0].as_slice().unwrap(),
+        pattern(9, 4096).as_slice()
+    );
+}
+
+#[test]
+fn delayed_transfer_is_in_progress_then_complete() {
+    let (_f, server, client, faults) = pair();
+    let readable = server.create_readable(filled(10, 65536)).unwrap();
+    faults.delay_next_transfer(Duration::from_millis(200));
+    let read = client
+        .begin_read(readable.metadata(), zeroed(65536))
+        .unwrap();
+    assert_eq!(read.status(), OperationStatus::InProgress);
+    assert_eq!(readable.status(), OperationStatus::Initialized);
+    assert_eq!(
+        client.remote_agent_count(),
+        1,
+        "the in-flight read holds its peer"
+    );
+    read.wait_timeout(LONG).unwrap();
+    readable.wait_timeout(LONG).unwrap();
+    assert_eq!(client.remote_agent_count(), 0);
+    assert_eq!(
+        read.into_descriptors().unwrap()[0].as_slice().unwrap(),
+        pattern(10, 65536).as_slice()
+    );
+}
+
+#[test]
+fn dropped_notification_leaves_the_passive_side_waiting() {
+    let (_f, server, client, faults) = pair();
+    let writable = server.create_writable(zeroed(4096)).unwrap();
+    faults.drop_next_notification();
+    let write = client
+        .begin_write(filled(11, 4096), writable.metadata())
+        .unwrap();
+    write.wait_timeout(LONG).unwrap();
+    assert!(matches!(
+        writable.wait_timeout(SHORT),
+        Err(Error::TimedOut(_))
+    ));
+    // The bytes did land; only the notification was lost.
+    writable.cancel();
+    assert_eq!(
+        writable.into_descriptors().unwrap()[0].as_slice().unwrap(),
+        pattern(11, 4096).as_slice()
+    );
+}
+
+#[test]
+fn vanished_peer_fails_new_and_in_flight_transfers() {
+    let fabric = Fabric::new();
+    let (server, _) = connector(&fabric, "server");
+    let (client, faults) = connector(&fabric, "client");
+    let writable = server.create_writable(zeroed(4096)).unwrap();
+    let readable = server.create_readable(filled(12, 4096)).unwrap();
+    faults.delay_next_transfer(Duration::from_millis(100));
+    let in_flight = client
+        .begin_write(filled(12, 4096), writable.metadata())
+        .unwrap();
+    assert!(fabric.vanish("server"));
+    assert!(!fabric.vanish("server"));
+    match in_flight.wait_timeout(LONG) {
+        Err(Error::TransferFailed(reason)) => assert!(reason.contains("vanished"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    let new = client.begin_read(readable.metadata(), zeroed(4096));
+    assert!(matches!(new, Err(Error::AccessDenied { .. })), "{new:?}");
+    assert!(matches!(
+        readable.wait_timeout(SHORT),
+        Err(Error::TimedOut(_))
+    ));
+    assert_eq!(client.remote_agent_count(), 0);
+    // The survivor completes a fresh transfer with a new peer.
+    let (fresh, _) = connector(&fabric, "server-2");
+    let readable = fresh.create_readable(filled(13, 4096)).unwrap();
+    let read = client
+        .begin_read(readable.metadata(), zeroed(4096))
+        .unwrap();
+    read.wait_timeout(LONG).unwrap();
+    readable.wait_timeout(LONG).unwrap();
+    assert_eq!(
+        read.into_descriptors().unwrap()[0].as_slice().unwrap(),
+        pattern(13, 4096).as_slice()
+    );
+}
+
+#[test]
+fn a_huge_timeout_does_not_overflow() {
+    let (_f, server, client, _) = pair();
+    let readable = server.create_readable(filled(14, 64)).unwrap();
+    let read = client.begin_read(readable.metadata(), zeroed(64)).unwrap();
+    read.wait_timeout(Duration::MAX).unwrap();
+    readable.wait_timeout(Duration::MAX).unwrap();
+}
+
+#[test]
+fn global_fabric_connects_agents_without_passing_a_fabric_around() {
+    let a = Connector::new(LoopbackBackend::on_global_fabric("global-test-a").unwrap());
+    let b = Connector::new(LoopbackBackend::on_global_fabric("global-test-b").unwrap());
+    let readable = a.create_readable(filled(15, 128)).unwrap();
+    let read = b.begin_read(readable.metadata(), zeroed(128)).unwrap();
+    read.wait_timeout(LONG).unwrap();
+    assert_eq!(
+        read.into_descriptors().unwrap()[0].as_slice().unwrap(),
+        pattern(15, 128).as_slice()
+    );
+}
