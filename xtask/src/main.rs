@@ -3,14 +3,17 @@
 //! - `test`: formatting, clippy, every test and doc test, rustdoc and the demo,
 //!   with a one-screen summary at the end.
 //! - `demo [--backend NAME] [demo options]`: the main job, in a release build.
+//! - `nixl-runtime`: fetch and unpack the NIXL runtime (idempotent).
 #![allow(clippy::print_stdout, clippy::print_stderr)]
+
+mod nixl;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 /// Backends the demo knows, with the demo crate's feature that builds each.
-const BACKENDS: &[(&str, &str)] = &[("loopback", "loopback")];
+const BACKENDS: &[(&str, &str)] = &[("loopback", "loopback"), ("nixl", "nixl")];
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -18,13 +21,25 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("test") => test(&root, &args[1..]),
         Some("demo") => demo(&root, &args[1..]),
+        Some("nixl-runtime") => match nixl::ensure_runtime(&root) {
+            Ok(runtime) => {
+                println!("{}", runtime.root.display());
+                Ok(())
+            }
+            Err(e) => {
+                eprintln!("xtask nixl-runtime: {e}");
+                Err(1)
+            }
+        },
         _ => {
             eprintln!(
                 "usage: cargo xtask <command>\n\n\
                  commands:\n  \
-                 test                  fmt check, clippy -D warnings, all tests and doc tests, rustdoc -D warnings, demo\n  \
+                 test                  fmt check, clippy -D warnings, all tests and doc tests, rustdoc -D warnings, demos\n  \
+                 nixl-runtime          fetch the NIXL runtime ({}) into target/nixl-runtime (idempotent)\n  \
                  demo [--backend NAME] [--blocks N] [--block-size BYTES] [--iterations N]\n                        \
                  move KV-cache-like blocks both ways and report bandwidth (backends: {})",
+                nixl::WHEEL,
                 BACKENDS
                     .iter()
                     .map(|(b, _)| *b)
@@ -62,7 +77,7 @@ fn run(root: &Path, mut cmd: Command) -> bool {
     }
 }
 
-fn describe(cmd: &Command) -> String {
+pub(crate) fn describe(cmd: &Command) -> String {
     let mut parts = vec![cmd.get_program().to_string_lossy().into_owned()];
     parts.extend(cmd.get_args().map(|a| a.to_string_lossy().into_owned()));
     let envs: Vec<String> = cmd
@@ -118,6 +133,20 @@ fn test(root: &Path, args: &[String]) -> Result<(), u8> {
             return Err(1);
         }
     }
+    let runtime = match nixl::ensure_libclang().and_then(|()| nixl::ensure_runtime(root)) {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("xtask test: {e}");
+            return Err(1);
+        }
+    };
+    // NIXL tests run for real: with this set, a missing runtime fails them
+    // instead of skipping them.
+    let nixl_env = [
+        ("NIXL_RUNTIME_DIR", runtime.root.display().to_string()),
+        ("NIXL_PYTHONPATH", runtime.pythonpath.clone()),
+        ("NIXL_TESTS_REQUIRED", "1".to_owned()),
+    ];
     let mut steps = Vec::new();
     let mut step = |name: &'static str, cmd: Command| {
         let started = Instant::now();
@@ -147,7 +176,9 @@ fn test(root: &Path, args: &[String]) -> Result<(), u8> {
     step("clippy -D warnings", clippy);
 
     let mut tests = cargo();
-    tests.args(["test", "--workspace", "--all-features"]);
+    tests
+        .args(["test", "--workspace", "--all-features"])
+        .envs(nixl_env.clone());
     step("tests + doc tests", tests);
 
     let mut doc = cargo();
@@ -159,17 +190,28 @@ fn test(root: &Path, args: &[String]) -> Result<(), u8> {
     features.args(["check", "-p", "kv-cache-demo", "--no-default-features"]);
     step("demo crate, no features", features);
 
-    let mut demo = cargo();
-    demo.args([
-        "run",
-        "--release",
-        "-p",
-        "kv-cache-demo",
-        "--",
-        "--iterations",
-        "3",
-    ]);
-    step("demo (loopback)", demo);
+    for (backend, feature) in BACKENDS {
+        let mut demo = cargo();
+        demo.args([
+            "run",
+            "--release",
+            "-p",
+            "kv-cache-demo",
+            "--features",
+            feature,
+            "--",
+        ])
+        .args(["--backend", backend, "--iterations", "3"])
+        .envs(nixl_env.clone());
+        step(
+            if *backend == "nixl" {
+                "demo (nixl)"
+            } else {
+                "demo (loopback)"
+            },
+            demo,
+        );
+    }
 
     println!("\n== cargo xtask test: summary ==");
     for s in &steps {

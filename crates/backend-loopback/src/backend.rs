@@ -517,13 +517,13 @@ impl RegistrationBackend for LoopbackBackend {
         }
     }
 
-    fn release(&self, transfer: TransferId) -> Result<()> {
+    fn release(&self, transfer: TransferId) -> Result<bool> {
         let t = lock(&self.transfers).remove(&transfer.0);
         if let Some(t) = t {
             // Waits for a copy in progress; a delayed copy that has not started never will.
             *t.state.lock().unwrap_or_else(PoisonError::into_inner) = Stage::Released;
         }
-        Ok(())
+        Ok(true)
     }
 
     fn drain_notifications(&self, sink: &mut dyn FnMut(Notification)) -> Result<()> {

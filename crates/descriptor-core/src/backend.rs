@@ -178,10 +178,14 @@ pub trait RegistrationBackend: Send + Sync + 'static {
     /// Reports a posted transfer's state.
     fn poll(&self, transfer: TransferId) -> TransferState;
 
-    /// Releases a transfer, aborting it if still in progress. `Ok` promises that
-    /// the backend no longer touches the transfer's memory; on `Err` the connector
-    /// assumes it still might and never frees that memory.
-    fn release(&self, transfer: TransferId) -> Result<()>;
+    /// Releases a transfer the connector is done with, aborting it if the
+    /// backend can.
+    ///
+    /// - `Ok(true)`: released; the backend no longer touches its memory.
+    /// - `Ok(false)`: still in progress; the connector's engine calls `release`
+    ///   again until it returns `Ok(true)`, and keeps the memory alive meanwhile.
+    /// - `Err`: the backend lost track of it; the connector never frees its memory.
+    fn release(&self, transfer: TransferId) -> Result<bool>;
 
     /// Takes every notification received since the last call.
     fn drain_notifications(&self, sink: &mut dyn FnMut(Notification)) -> Result<()>;

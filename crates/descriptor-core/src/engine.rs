@@ -123,14 +123,16 @@ impl Engine {
             {
                 let mut work = self.lock();
                 loop {
-                    if work.shutdown {
+                    // Draining transfers still hold memory: finish them first.
+                    if work.shutdown && work.active.is_empty() {
                         tracing::debug!(agent = %self.name, "progress engine stopped");
                         return;
                     }
                     if std::mem::take(&mut work.events) {
                         break;
                     }
-                    let busy = !work.active.is_empty() || !work.passive.is_empty();
+                    let busy =
+                        !work.active.is_empty() || (!work.passive.is_empty() && !work.shutdown);
                     if !busy {
                         idle_polls = 0;
                         work = self.wake.wait(work).unwrap_or_else(PoisonError::into_inner);

@@ -57,6 +57,8 @@ fn parse_args() -> Result<Args, String> {
 const BACKENDS: &[&str] = &[
     #[cfg(feature = "loopback")]
     "loopback",
+    #[cfg(feature = "nixl")]
+    "nixl",
 ];
 
 fn connectors(backend: &str) -> Result<(Connector, Connector), String> {
@@ -67,6 +69,16 @@ fn connectors(backend: &str) -> Result<(Connector, Connector), String> {
             let fabric = Fabric::new();
             let make = |name| {
                 LoopbackBackend::new(&fabric, name)
+                    .map(Connector::new)
+                    .map_err(|e| e.to_string())
+            };
+            Ok((make("prefill-worker")?, make("decode-worker")?))
+        }
+        #[cfg(feature = "nixl")]
+        "nixl" => {
+            use backend_nixl::NixlBackend;
+            let make = |name| {
+                NixlBackend::new(name)
                     .map(Connector::new)
                     .map_err(|e| e.to_string())
             };

@@ -71,17 +71,7 @@ impl Drop for OperationCore {
             self.connector.engine().untrack_passive(key);
         }
         let descriptors = std::mem::take(&mut self.descriptors);
-        if descriptors.is_empty() || self.shared.memory_released() {
-            drop(descriptors);
-        } else {
-            let bytes: usize = descriptors.iter().map(Descriptor::size).sum();
-            tracing::error!(
-                connector = self.connector.name(),
-                bytes,
-                "a peer or the backend may still touch this operation's memory: leaking it instead of freeing it"
-            );
-            std::mem::forget(descriptors);
-        }
+        drop(self.shared.adopt(descriptors));
     }
 }
 

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::backend::{ExposureId, RegistrationBackend, TransferId, TransferState};
 use crate::connector::RemoteLease;
+use crate::descriptor::Descriptor;
 use crate::error::{Error, Result};
 
 /// Where an operation stands. Terminal states (`Complete`, `Cancelled`,
@@ -44,11 +45,19 @@ pub(crate) enum Outcome {
     Failed(String),
 }
 
-/// What the backend still holds for an operation.
+/// What the backend still holds of an operation's memory.
 pub(crate) enum Pending {
+    /// Nothing: the memory may be freed or handed back.
     Nothing,
+    /// A posted transfer.
     Transfer(TransferId),
+    /// A transfer that ended for us (cancelled) but that the backend has not
+    /// let go of yet: the engine keeps releasing it until it has.
+    Draining(TransferId),
+    /// A passive operation's exposure.
     Exposure(ExposureId),
+    /// The backend might touch the memory at any time from now on: never free it.
+    Leaked,
 }
 
 pub(crate) struct OpState {
@@ -56,9 +65,9 @@ pub(crate) struct OpState {
     error: Option<String>,
     pending: Pending,
     lease: Option<RemoteLease>,
-    /// Whether the backend is known to have let go of the operation's memory,
-    /// so the buffers may go back to safe code or be freed.
-    memory_released: bool,
+    /// Descriptors of a dropped operation whose transfer is still draining:
+    /// freed when the backend lets go of them, leaked if it never does.
+    orphans: Vec<Descriptor>,
     wakers: Vec<Waker>,
 }
 
@@ -86,9 +95,9 @@ impl OpShared {
             state: Mutex::new(OpState {
                 status,
                 error: None,
-                memory_released: matches!(pending, Pending::Nothing),
                 pending,
                 lease,
+                orphans: Vec::new(),
                 wakers: Vec::new(),
             }),
             done: Condvar::new(),
@@ -108,37 +117,50 @@ impl OpShared {
         self.lock().status
     }
 
+    /// Whether the operation ended and the backend let go of its memory.
     pub(crate) fn memory_released(&self) -> bool {
         let st = self.lock();
-        st.status.is_terminal() && st.memory_released
+        st.status.is_terminal() && matches!(st.pending, Pending::Nothing)
+    }
+
+    /// Takes the descriptors of a dropped operation: gives them back to be
+    /// dropped now if the memory is free, keeps them until a draining transfer
+    /// is released, or leaks them if the backend may touch them forever.
+    pub(crate) fn adopt(&self, descriptors: Vec<Descriptor>) -> Option<Vec<Descriptor>> {
+        let mut st = self.lock();
+        match st.pending {
+            Pending::Nothing => Some(descriptors),
+            Pending::Draining(_) | Pending::Transfer(_) => {
+                st.orphans.extend(descriptors);
+                None
+            }
+            Pending::Exposure(_) | Pending::Leaked => {
+                leak(descriptors, self.kind);
+                None
+            }
+        }
     }
 
     /// Ends the operation unless it already ended; releases what the backend holds.
     pub(crate) fn finish(&self, outcome: Outcome) {
         let mut st = self.lock();
-        let lease = self.finish_locked(&mut st, outcome);
+        let released = self.finish_locked(&mut st, outcome);
         drop(st);
-        // Unloading the peer may call into the backend: do it unlocked.
-        drop(lease);
+        drop(released);
     }
 
-    fn finish_locked(&self, st: &mut OpState, outcome: Outcome) -> Option<RemoteLease> {
+    fn finish_locked(&self, st: &mut OpState, outcome: Outcome) -> Released {
         if st.status.is_terminal() {
-            return None;
+            return Released::default();
         }
         let (status, error) = match outcome {
             Outcome::Complete => (OperationStatus::Complete, None),
             Outcome::Cancelled => (OperationStatus::Cancelled, None),
             Outcome::Failed(reason) => (OperationStatus::Errored, Some(reason)),
         };
+        let mut released = Released::default();
         match std::mem::replace(&mut st.pending, Pending::Nothing) {
-            Pending::Nothing => {}
-            Pending::Transfer(id) => match self.backend.release(id) {
-                Ok(()) => st.memory_released = true,
-                Err(error) => {
-                    tracing::error!(%error, transfer = id.0, "backend kept the transfer; its buffers will be leaked, not freed");
-                }
-            },
+            Pending::Transfer(id) | Pending::Draining(id) => released = self.release_locked(st, id),
             Pending::Exposure(id) => {
                 let revoked = match self.backend.revoke(id) {
                     Ok(()) => self.backend.revocation_enforced(),
@@ -147,9 +169,13 @@ impl OpShared {
                         false
                     }
                 };
-                // A peer that notified completion is done with the memory.
-                st.memory_released = revoked || status == OperationStatus::Complete;
+                // A peer that notified completion is done with the memory; one
+                // that was never told to stop might still write.
+                if !revoked && status != OperationStatus::Complete {
+                    st.pending = Pending::Leaked;
+                }
             }
+            other => st.pending = other,
         }
         st.status = status;
         st.error = error;
@@ -165,24 +191,57 @@ impl OpShared {
         for waker in st.wakers.drain(..) {
             waker.wake();
         }
-        st.lease.take()
+        if !matches!(st.pending, Pending::Draining(_)) {
+            // The peer stays loaded while a draining transfer may still use it.
+            st.lease = None;
+        }
+        released
     }
 
-    /// Polls the backend for an active operation's transfer; true once terminal.
+    /// Asks the backend to let go of a transfer; sets `pending` accordingly.
+    fn release_locked(&self, st: &mut OpState, id: TransferId) -> Released {
+        let mut released = Released::default();
+        match self.backend.release(id) {
+            Ok(true) => {
+                st.pending = Pending::Nothing;
+                released.orphans = std::mem::take(&mut st.orphans);
+            }
+            Ok(false) => {
+                st.pending = Pending::Draining(id);
+                return released;
+            }
+            Err(error) => {
+                tracing::error!(%error, transfer = id.0, "the backend lost a transfer; its memory will be leaked, not freed");
+                st.pending = Pending::Leaked;
+                leak(std::mem::take(&mut st.orphans), self.kind);
+            }
+        }
+        // Released under the lock, so whoever sees the memory released also sees
+        // the peer's reference dropped. (Lock order: operation, then remote cache.)
+        st.lease = None;
+        released
+    }
+
+    /// Drives an active operation: polls its transfer, or keeps releasing a
+    /// draining one. True once the engine can forget the operation.
     pub(crate) fn poll_transfer(&self) -> bool {
         let mut st = self.lock();
-        let Pending::Transfer(id) = st.pending else {
-            return st.status.is_terminal();
+        let released = match st.pending {
+            Pending::Transfer(id) => {
+                let outcome = match self.backend.poll(id) {
+                    TransferState::InProgress => return false,
+                    TransferState::Done => Outcome::Complete,
+                    TransferState::Failed(reason) => Outcome::Failed(reason),
+                };
+                self.finish_locked(&mut st, outcome)
+            }
+            Pending::Draining(id) => self.release_locked(&mut st, id),
+            _ => return true,
         };
-        let outcome = match self.backend.poll(id) {
-            TransferState::InProgress => return false,
-            TransferState::Done => Outcome::Complete,
-            TransferState::Failed(reason) => Outcome::Failed(reason),
-        };
-        let lease = self.finish_locked(&mut st, outcome);
+        let settled = !matches!(st.pending, Pending::Transfer(_) | Pending::Draining(_));
         drop(st);
-        drop(lease);
-        true
+        drop(released);
+        settled
     }
 
     fn result(st: &OpState) -> Option<Result<()>> {
@@ -232,6 +291,35 @@ impl OpShared {
                 }
                 Poll::Pending
             }
+        }
+    }
+}
+
+/// What releasing a transfer hands back, dropped after the state lock is
+/// released (deregistering calls into the backend).
+#[derive(Default)]
+struct Released {
+    orphans: Vec<Descriptor>,
+}
+
+fn leak(descriptors: Vec<Descriptor>, kind: &str) {
+    if descriptors.is_empty() {
+        return;
+    }
+    let bytes: usize = descriptors.iter().map(Descriptor::size).sum();
+    tracing::error!(
+        op = kind,
+        bytes,
+        "a peer or the backend may still touch this memory: leaking it instead of freeing it"
+    );
+    std::mem::forget(descriptors);
+}
+
+impl Drop for OpShared {
+    fn drop(&mut self) {
+        let st = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if !matches!(st.pending, Pending::Nothing) {
+            leak(std::mem::take(&mut st.orphans), self.kind);
         }
     }
 }

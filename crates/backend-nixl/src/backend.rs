@@ -1,0 +1,582 @@
+//! [`NixlBackend`]: one NIXL agent behind the core trait.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use descriptor_core::{
+    Device, DeviceKind, Error, Exposure, ExposureId, Notification, OperationKind, RegionId,
+    RegistrationBackend, Result, Segment, TransferId, TransferOp, TransferRequest, TransferState,
+};
+use nixl_sys::{
+    Agent, AgentConfig, MemType, MemoryRegion, NixlDescriptor, NixlError, NotificationMap, OptArgs,
+    RegDescList, RegistrationHandle, ThreadSync, XferDescList, XferOp, XferRequest, XferStatus,
+};
+
+use crate::runtime;
+
+const NAME: &str = "nixl";
+/// Prefix of this crate's two-part agent metadata (see [`MetadataScope::Exposed`]).
+const SCOPED_MAGIC: &[u8; 8] = b"NXRSMD01";
+
+/// What the agent-metadata blob of an exposure describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MetadataScope {
+    /// The agent's full metadata (`get_local_md`): every registered region plus
+    /// connection info, exactly what Dynamo's Python workers publish and load.
+    /// The default, because a Python peer can load only this.
+    #[default]
+    Agent,
+    /// Only the exposed regions (`get_local_partial_md`) plus connection info, in
+    /// a two-part blob this crate reads: a peer learns nothing of the agent's
+    /// other registrations and the blob stays small however many regions the
+    /// agent holds. Rust peers only (NIXL 1.5's C API cannot put connection info
+    /// and chosen regions into one blob).
+    Exposed,
+}
+
+/// Builds a [`NixlBackend`]: transport plugins and their parameters, progress
+/// thread, thread-sync mode and metadata scope.
+#[derive(Debug, Clone)]
+pub struct NixlBackendBuilder {
+    name: String,
+    /// `None` until a plugin is named: then the default, UCX.
+    plugins: Option<Vec<String>>,
+    params: Vec<(String, String, String)>,
+    progress_thread: bool,
+    thread_sync: ThreadSync,
+    scope: MetadataScope,
+}
+
+impl NixlBackendBuilder {
+    /// Adds a transport plugin (`"UCX"`, `"LIBFABRIC"`, `"POSIX"`, ...). The first
+    /// call replaces the default, `["UCX"]`.
+    pub fn plugin(mut self, plugin: &str) -> Self {
+        let plugins = self.plugins.get_or_insert_with(Vec::new);
+        if !plugins.iter().any(|p| p == plugin) {
+            plugins.push(plugin.to_owned());
+        }
+        self
+    }
+
+    /// Sets a plugin parameter, e.g. `("UCX", "num_workers", "2")`, on top of the
+    /// plugin's defaults.
+    pub fn plugin_param(mut self, plugin: &str, key: &str, value: &str) -> Self {
+        self.params
+            .push((plugin.to_owned(), key.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// Whether NIXL runs its own progress thread (default: yes). Without it,
+    /// transfers progress only while they are polled.
+    pub fn progress_thread(mut self, enabled: bool) -> Self {
+        self.progress_thread = enabled;
+        self
+    }
+
+    /// NIXL's internal locking (default [`ThreadSync::Strict`]: the connector calls
+    /// the agent from user threads and its progress engine at once).
+    pub fn thread_sync(mut self, mode: ThreadSync) -> Self {
+        self.thread_sync = mode;
+        self
+    }
+
+    /// What exposures describe (default [`MetadataScope::Agent`]).
+    pub fn metadata_scope(mut self, scope: MetadataScope) -> Self {
+        self.scope = scope;
+        self
+    }
+
+    /// Loads the runtime (see [`runtime::load`]), creates the agent and its backends.
+    pub fn build(self) -> Result<NixlBackend> {
+        runtime::load()?;
+        let config = AgentConfig {
+            enable_prog_thread: self.progress_thread,
+            thread_sync: self.thread_sync,
+            ..AgentConfig::default()
+        };
+        let context = |what: &str| format!("{what} (agent {:?})", self.name);
+        let agent = Agent::new_configured(&self.name, &config)
+            .map_err(|e| nixl_error(context("create agent"), e))?;
+        let plugins = self
+            .plugins
+            .clone()
+            .unwrap_or_else(|| vec!["UCX".to_owned()]);
+        for plugin in &plugins {
+            let (_mems, mut params) = agent
+                .get_plugin_params(plugin)
+                .map_err(|e| nixl_error(context(&format!("load plugin {plugin}")), e))?;
+            for (_, key, value) in self.params.iter().filter(|(p, _, _)| p == plugin) {
+                params.set(key, value).map_err(|e| {
+                    nixl_error(context(&format!("set {plugin} parameter {key}")), e)
+                })?;
+            }
+            agent
+                .create_backend(plugin, &params)
+                .map_err(|e| nixl_error(context(&format!("create {plugin} backend")), e))?;
+        }
+        tracing::debug!(agent = %self.name, ?plugins, scope = ?self.scope, "created NIXL agent");
+        Ok(NixlBackend {
+            agent,
+            name: self.name,
+            scope: self.scope,
+            next_id: AtomicU64::new(1),
+            regions: Mutex::new(HashMap::new()),
+            transfers: Mutex::new(HashMap::new()),
+            connections: Mutex::new(HashMap::new()),
+            connection_md: Mutex::new(None),
+        })
+    }
+}
+
+/// A real NIXL agent (UCX by default) implementing [`RegistrationBackend`].
+///
+/// Registers DRAM and CUDA VRAM, exposes regions through NIXL agent metadata,
+/// loads peers (Rust or Python Dynamo workers), posts READ/WRITE with the passive
+/// side's notification key, and reads notifications as raw bytes. The runtime is
+/// loaded at run time ([`crate::runtime`]), so this crate builds without NIXL.
+///
+/// NIXL cannot revoke a peer's access on shared-memory and TCP transports, so
+/// [`revocation_enforced`](RegistrationBackend::revocation_enforced) is false: the
+/// connector leaks, rather than frees, memory a peer may still touch.
+pub struct NixlBackend {
+    agent: Agent,
+    name: String,
+    scope: MetadataScope,
+    next_id: AtomicU64,
+    regions: Mutex<HashMap<u64, Region>>,
+    transfers: Mutex<HashMap<u64, Transfer>>,
+    /// Connection blobs already loaded (scoped metadata), to the peer they name.
+    connections: Mutex<HashMap<Vec<u8>, String>>,
+    /// This agent's connection-only metadata, made once.
+    connection_md: Mutex<Option<Vec<u8>>>,
+}
+
+impl std::fmt::Debug for NixlBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NixlBackend")
+            .field("agent", &self.name)
+            .field("scope", &self.scope)
+            .finish()
+    }
+}
+
+struct Region {
+    segment: Segment,
+    writable: bool,
+    // Dropping the handle deregisters the memory.
+    _handle: RegistrationHandle,
+}
+
+struct Transfer {
+    request: XferRequest,
+    finished: Option<TransferState>,
+}
+
+/// A registered range as nixl-sys wants to see it.
+#[derive(Debug)]
+struct Range {
+    addr: usize,
+    len: usize,
+    mem: MemType,
+    device: u64,
+}
+
+impl MemoryRegion for Range {
+    unsafe fn as_ptr(&self) -> *const u8 {
+        std::ptr::with_exposed_provenance(self.addr)
+    }
+    fn size(&self) -> usize {
+        self.len
+    }
+}
+
+impl NixlDescriptor for Range {
+    fn mem_type(&self) -> MemType {
+        self.mem
+    }
+    fn device_id(&self) -> u64 {
+        self.device
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn nixl_error(context: impl Into<String>, error: NixlError) -> Error {
+    Error::Backend {
+        backend: NAME,
+        context: context.into(),
+        reason: format!("{error} ({error:?})"),
+    }
+}
+
+/// NIXL's memory type and device id for a device.
+fn mem_of(device: Device) -> Result<(MemType, u64)> {
+    match device.kind() {
+        DeviceKind::Host => Ok((MemType::Dram, 0)),
+        DeviceKind::Cuda => Ok((MemType::Vram, u64::from(device.ordinal()))),
+        _ => Err(Error::Unsupported {
+            backend: NAME,
+            what: format!("{device} memory (NIXL moves host and CUDA memory)"),
+        }),
+    }
+}
+
+fn xfer_list(segments: &[Segment]) -> Result<XferDescList<'static>> {
+    let first = segments.first().ok_or(Error::EmptyDescriptorList {
+        side: descriptor_core::Side::Local,
+    })?;
+    let (mem, _) = mem_of(first.device)?;
+    let mut list = XferDescList::new(mem).map_err(|e| nixl_error("create a transfer list", e))?;
+    for s in segments {
+        let (_, device) = mem_of(s.device)?;
+        list.add_desc(s.addr, s.len, device);
+    }
+    Ok(list)
+}
+
+impl NixlBackend {
+    /// An agent named `name` with the defaults: UCX, progress thread, strict
+    /// thread sync, full agent metadata.
+    pub fn new(name: &str) -> Result<NixlBackend> {
+        NixlBackend::builder(name).build()
+    }
+
+    /// A builder for an agent named `name`.
+    pub fn builder(name: &str) -> NixlBackendBuilder {
+        NixlBackendBuilder {
+            name: name.to_owned(),
+            plugins: None,
+            params: Vec::new(),
+            progress_thread: true,
+            thread_sync: ThreadSync::Strict,
+            scope: MetadataScope::Agent,
+        }
+    }
+
+    /// The underlying nixl-sys agent, for what this crate does not wrap.
+    pub fn agent(&self) -> &Agent {
+        &self.agent
+    }
+
+    fn id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn connection_md(&self) -> Result<Vec<u8>> {
+        let mut cached = lock(&self.connection_md);
+        if let Some(md) = &*cached {
+            return Ok(md.clone());
+        }
+        let empty =
+            RegDescList::new(MemType::Dram).map_err(|e| nixl_error("create a region list", e))?;
+        let md = self
+            .agent
+            .get_local_partial_md(&empty, None)
+            .map_err(|e| nixl_error("get connection metadata", e))?;
+        *cached = Some(md.clone());
+        Ok(md)
+    }
+
+    fn scoped_md(&self, segments: &[Segment]) -> Result<Vec<u8>> {
+        let (mem, _) = mem_of(segments[0].device)?;
+        let mut list = RegDescList::new(mem).map_err(|e| nixl_error("create a region list", e))?;
+        for s in segments {
+            list.add_desc(s.addr, s.len, mem_of(s.device)?.1);
+        }
+        let regions = self
+            .agent
+            .get_local_partial_md(&list, None)
+            .map_err(|e| nixl_error("get partial metadata", e))?;
+        let connection = self.connection_md()?;
+        let mut blob =
+            Vec::with_capacity(SCOPED_MAGIC.len() + 8 + connection.len() + regions.len());
+        blob.extend_from_slice(SCOPED_MAGIC);
+        blob.extend_from_slice(&(connection.len() as u64).to_le_bytes());
+        blob.extend_from_slice(&connection);
+        blob.extend_from_slice(&regions);
+        Ok(blob)
+    }
+
+    fn load(&self, blob: &[u8], what: &str) -> Result<String> {
+        self.agent
+            .load_remote_md(blob)
+            .map_err(|e| nixl_error(format!("load {what}"), e))
+    }
+}
+
+/// Splits a scoped blob into (connection, regions).
+fn split_scoped(blob: &[u8]) -> Option<(&[u8], &[u8])> {
+    let rest = blob.strip_prefix(SCOPED_MAGIC)?;
+    let (len, rest) = rest.split_first_chunk::<8>()?;
+    let len = usize::try_from(u64::from_le_bytes(*len)).ok()?;
+    (len <= rest.len()).then(|| rest.split_at(len))
+}
+
+impl RegistrationBackend for NixlBackend {
+    fn backend_name(&self) -> &'static str {
+        NAME
+    }
+
+    fn agent_name(&self) -> &str {
+        &self.name
+    }
+
+    unsafe fn register(&self, region: &Segment, writable: bool) -> Result<RegionId> {
+        let (mem, device) = mem_of(region.device)?;
+        let range = Range {
+            addr: region.addr,
+            len: region.len,
+            mem,
+            device,
+        };
+        let handle = self.agent.register_memory(&range, None).map_err(|e| {
+            nixl_error(
+                format!("register {} bytes of {}", region.len, region.device),
+                e,
+            )
+        })?;
+        let id = self.id();
+        lock(&self.regions).insert(
+            id,
+            Region {
+                segment: *region,
+                writable,
+                _handle: handle,
+            },
+        );
+        Ok(RegionId(id))
+    }
+
+    fn deregister(&self, region: RegionId) -> Result<()> {
+        // Dropping the handle deregisters.
+        match lock(&self.regions).remove(&region.0) {
+            Some(_) => Ok(()),
+            None => Err(Error::Backend {
+                backend: NAME,
+                context: "deregister".into(),
+                reason: format!("region {} is not registered", region.0),
+            }),
+        }
+    }
+
+    fn expose(&self, regions: &[RegionId], access: OperationKind) -> Result<Exposure> {
+        let segments = {
+            let registered = lock(&self.regions);
+            let mut segments = Vec::with_capacity(regions.len());
+            for (index, id) in regions.iter().enumerate() {
+                let region = registered.get(&id.0).ok_or_else(|| Error::Backend {
+                    backend: NAME,
+                    context: "expose".into(),
+                    reason: format!("region {} is not registered", id.0),
+                })?;
+                if access == OperationKind::Write && !region.writable {
+                    return Err(Error::ReadOnlyBuffer { index });
+                }
+                segments.push(region.segment);
+            }
+            segments
+        };
+        let agent_metadata = match self.scope {
+            MetadataScope::Agent => self
+                .agent
+                .get_local_md()
+                .map_err(|e| nixl_error("get agent metadata", e))?,
+            MetadataScope::Exposed if segments.is_empty() => self.connection_md()?,
+            MetadataScope::Exposed => self.scoped_md(&segments)?,
+        };
+        Ok(Exposure {
+            id: ExposureId(self.id()),
+            agent_metadata,
+        })
+    }
+
+    fn revoke(&self, _exposure: ExposureId) -> Result<()> {
+        // NIXL has no per-peer revocation; see `revocation_enforced`.
+        Ok(())
+    }
+
+    fn revocation_enforced(&self) -> bool {
+        false
+    }
+
+    fn load_remote(&self, agent_metadata: &[u8]) -> Result<String> {
+        let Some((connection, regions)) = split_scoped(agent_metadata) else {
+            return self.load(agent_metadata, "remote agent metadata");
+        };
+        let known = lock(&self.connections).get(connection).cloned();
+        let peer = match known {
+            Some(peer) => peer,
+            None => {
+                let peer = self.load(connection, "remote connection metadata")?;
+                lock(&self.connections).insert(connection.to_vec(), peer.clone());
+                peer
+            }
+        };
+        if !regions.is_empty() {
+            let named = self.load(regions, "remote region metadata")?;
+            if named != peer {
+                return Err(Error::InvalidMetadata {
+                    field: "nixl_metadata".into(),
+                    reason: format!(
+                        "connection info names {peer:?} but the regions belong to {named:?}"
+                    ),
+                });
+            }
+        }
+        Ok(peer)
+    }
+
+    fn unload_remote(&self, peer: &str) -> Result<()> {
+        lock(&self.connections).retain(|_, name| name != peer);
+        self.agent
+            .invalidate_remote_md(peer)
+            .map_err(|e| nixl_error(format!("unload peer {peer:?}"), e))
+    }
+
+    unsafe fn post(&self, request: &TransferRequest<'_>) -> Result<TransferId> {
+        let (op, verb) = match request.op {
+            TransferOp::Read => (XferOp::Read, "READ"),
+            TransferOp::Write => (XferOp::Write, "WRITE"),
+        };
+        let context = || {
+            format!(
+                "{verb} of {} bytes with {:?}",
+                request.bytes(),
+                request.peer
+            )
+        };
+        let local = xfer_list(request.local)?;
+        let remote = xfer_list(request.remote)?;
+        let mut args = OptArgs::new().map_err(|e| nixl_error(context(), e))?;
+        args.set_notification_message(request.notification)
+            .and_then(|()| args.set_has_notification(true))
+            .map_err(|e| nixl_error(context(), e))?;
+        let xfer = self
+            .agent
+            .create_xfer_req(op, &local, &remote, request.peer, Some(&args))
+            .map_err(|e| match e {
+                NixlError::FailedToCreateXferRequest | NixlError::NotFound => Error::AccessDenied {
+                    backend: NAME,
+                    peer: request.peer.to_owned(),
+                    reason: format!(
+                        "NIXL refused the {verb}: remote ranges are not inside regions the peer's metadata describes, or the peer is not loaded ({e})"
+                    ),
+                },
+                e => nixl_error(context(), e),
+            })?;
+        let in_progress = self
+            .agent
+            .post_xfer_req(&xfer, None)
+            .map_err(|e| nixl_error(format!("post {}", context()), e))?;
+        let id = self.id();
+        lock(&self.transfers).insert(
+            id,
+            Transfer {
+                request: xfer,
+                finished: (!in_progress).then_some(TransferState::Done),
+            },
+        );
+        Ok(TransferId(id))
+    }
+
+    fn poll(&self, transfer: TransferId) -> TransferState {
+        let mut transfers = lock(&self.transfers);
+        let Some(t) = transfers.get_mut(&transfer.0) else {
+            return TransferState::Failed(format!("unknown transfer {}", transfer.0));
+        };
+        if let Some(state) = &t.finished {
+            return state.clone();
+        }
+        let state = match self.agent.get_xfer_status(&t.request) {
+            Ok(XferStatus::InProgress) => return TransferState::InProgress,
+            Ok(XferStatus::Success) => TransferState::Done,
+            Err(e) => TransferState::Failed(format!("NIXL reported {e} ({e:?})")),
+        };
+        t.finished = Some(state.clone());
+        state
+    }
+
+    fn release(&self, transfer: TransferId) -> Result<bool> {
+        let mut transfers = lock(&self.transfers);
+        let Some(t) = transfers.get_mut(&transfer.0) else {
+            return Ok(true);
+        };
+        if t.finished.is_none() {
+            match self.agent.get_xfer_status(&t.request) {
+                // nixl-sys can abort only by dropping the request, and then NIXL
+                // does not say whether the abort took. So a cancelled transfer is
+                // left to finish (or fail) and released then: bounded, and sound.
+                Ok(XferStatus::InProgress) => return Ok(false),
+                Ok(XferStatus::Success) => t.finished = Some(TransferState::Done),
+                Err(e) => t.finished = Some(TransferState::Failed(e.to_string())),
+            }
+        }
+        transfers.remove(&transfer.0);
+        Ok(true)
+    }
+
+    fn drain_notifications(&self, sink: &mut dyn FnMut(Notification)) -> Result<()> {
+        let mut map =
+            NotificationMap::new().map_err(|e| nixl_error("create a notification map", e))?;
+        self.agent
+            .get_notifications(&mut map, None)
+            .map_err(|e| nixl_error("get notifications", e))?;
+        let senders: Vec<String> = map
+            .agents()
+            .filter_map(|a| a.ok().map(str::to_owned))
+            .collect();
+        for from in senders {
+            let count = map
+                .get_notifications_size(&from)
+                .map_err(|e| nixl_error(format!("count notifications from {from:?}"), e))?;
+            for i in 0..count {
+                let payload = map
+                    .get_notification_bytes(&from, i)
+                    .map_err(|e| nixl_error(format!("read a notification from {from:?}"), e))?;
+                sink(Notification {
+                    from: from.clone(),
+                    payload,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for NixlBackend {
+    fn drop(&mut self) {
+        // Requests before registrations, both before the agent (nixl-sys keeps the
+        // native agent alive until its last handle is gone).
+        lock(&self.transfers).clear();
+        lock(&self.regions).clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scoped_blob_splits_back_into_its_parts() {
+        let mut blob = SCOPED_MAGIC.to_vec();
+        blob.extend_from_slice(&3u64.to_le_bytes());
+        blob.extend_from_slice(b"abcregions");
+        assert_eq!(split_scoped(&blob), Some((&b"abc"[..], &b"regions"[..])));
+        assert_eq!(split_scoped(b"plain nixl metadata"), None);
+        let mut truncated = SCOPED_MAGIC.to_vec();
+        truncated.extend_from_slice(&99u64.to_le_bytes());
+        assert_eq!(split_scoped(&truncated), None);
+    }
+
+    #[test]
+    fn rocm_memory_is_unsupported() {
+        assert!(matches!(
+            mem_of(Device::rocm(0)),
+            Err(Error::Unsupported { .. })
+        ));
+        assert_eq!(mem_of(Device::cuda(3)).ok().map(|(_, d)| d), Some(3));
+    }
+}

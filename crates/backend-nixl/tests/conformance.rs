@@ -1,0 +1,44 @@
+//! The descriptor-core conformance suite on real NIXL (UCX, DRAM), once with
+//! Dynamo-style full agent metadata and once with exposure-scoped metadata.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use backend_nixl::MetadataScope;
+use common::{Nixl, runtime_available};
+use descriptor_core::conformance;
+use rstest::rstest;
+
+macro_rules! suite {
+    ($($name:ident => |$h:ident| $body:expr;)*) => {
+        $(
+            #[rstest]
+            fn $name(#[values(MetadataScope::Agent, MetadataScope::Exposed)] scope: MetadataScope) {
+                if runtime_available() {
+                    let $h = &Nixl::new(scope);
+                    $body
+                }
+            }
+        )*
+    };
+}
+
+suite! {
+    registration_is_idempotent_per_connector => |h| conformance::registration_is_idempotent_per_connector(h);
+    read_one_block => |h| conformance::readable_then_read_moves_bytes(h, &[4096]);
+    read_large_block => |h| conformance::readable_then_read_moves_bytes(h, &[8 << 20]);
+    read_many_blocks => |h| conformance::readable_then_read_moves_bytes(h, &[65536; 64]);
+    read_uneven_blocks => |h| conformance::readable_then_read_moves_bytes(h, &[1, 4095, 65536, 3]);
+    write_one_block => |h| conformance::writable_then_write_moves_bytes(h, &[4096]);
+    write_large_block => |h| conformance::writable_then_write_moves_bytes(h, &[8 << 20]);
+    write_many_blocks => |h| conformance::writable_then_write_moves_bytes(h, &[65536; 64]);
+    write_uneven_blocks => |h| conformance::writable_then_write_moves_bytes(h, &[1, 4095, 65536, 3]);
+    pairing_errors_name_the_problem => |h| conformance::pairing_errors_name_the_problem(h);
+    cancel_before_completion => |h| conformance::cancel_before_completion(h);
+    cancel_after_completion_is_a_no_op => |h| conformance::cancel_after_completion_is_a_no_op(h);
+    wait_timeout_expires_when_the_peer_never_acts => |h| conformance::wait_timeout_expires_when_the_peer_never_acts(h);
+    dropping_an_in_flight_operation => |h| conformance::dropping_an_in_flight_operation(h);
+    sixteen_threads_times_two_hundred_operations_to_one_peer => |h| conformance::concurrent_operations_share_one_peer(h, 16, 200);
+    metadata_round_trips_through_json => |h| conformance::metadata_round_trips_through_json(h);
+    operations_are_futures => |h| conformance::operations_are_futures(h);
+}
