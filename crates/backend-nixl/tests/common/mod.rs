@@ -59,3 +59,80 @@ impl Harness for Nixl {
         false
     }
 }
+
+/// CRC-32 of the descriptors' bytes, in order (zlib's, as Python computes it).
+pub(crate) fn crc32(descriptors: &[descriptor_core::Descriptor]) -> u32 {
+    let mut crc = flate2::Crc::new();
+    for d in descriptors {
+        crc.update(d.as_slice().unwrap());
+    }
+    crc.sum()
+}
+
+/// A child process speaking lines on stdin/stdout, killed when dropped.
+pub(crate) struct Peer {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    stdin: Option<std::process::ChildStdin>,
+}
+
+impl Peer {
+    pub(crate) fn spawn(mut command: std::process::Command) -> Peer {
+        use std::io::BufRead;
+        use std::process::Stdio;
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {command:?}: {e}"));
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stdin = child.stdin.take();
+        Peer {
+            child,
+            lines,
+            stdin,
+        }
+    }
+
+    /// The next line the peer prints, failing the test after `timeout`.
+    pub(crate) fn line(&self, timeout: Duration) -> String {
+        self.lines
+            .recv_timeout(timeout)
+            .unwrap_or_else(|e| panic!("the peer printed nothing within {timeout:?}: {e}"))
+    }
+
+    pub(crate) fn send(&mut self, line: &str) {
+        use std::io::Write;
+        let stdin = self.stdin.as_mut().unwrap();
+        writeln!(stdin, "{line}").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    /// Waits for a clean exit.
+    pub(crate) fn finish(mut self) {
+        drop(self.stdin.take());
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "peer exited with {status}");
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}

@@ -1,0 +1,76 @@
+//! The passive side of the two-process tests: exposes blocks over NIXL from
+//! its own OS process, prints the RdmaMetadata as one JSON line, waits for the
+//! peer's notification, then prints the CRC-32 of its blocks.
+//!
+//! `nixl-test-peer readable|writable BLOCKS BLOCK_SIZE [SEED]`
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use backend_nixl::NixlBackend;
+use descriptor_core::{Connector, Descriptor};
+
+fn fill(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+fn run(args: &[String]) -> Result<(), String> {
+    let [mode, blocks, size, rest @ ..] = args else {
+        return Err("usage: nixl-test-peer readable|writable BLOCKS BLOCK_SIZE [SEED]".into());
+    };
+    let number = |s: &String| s.parse::<usize>().map_err(|e| format!("{s:?}: {e}"));
+    let (blocks, size) = (number(blocks)?, number(size)?);
+    let seed = rest.first().map(number).transpose()?.unwrap_or(1) as u64;
+    let err = |e: descriptor_core::Error| e.to_string();
+    let connector = Connector::new(
+        NixlBackend::new(&format!("peer-{mode}-{}", std::process::id())).map_err(err)?,
+    );
+    let descriptors = (0..blocks)
+        .map(|i| match mode.as_str() {
+            "readable" => Descriptor::new(fill(seed + i as u64, size)),
+            _ => Descriptor::new(vec![0u8; size]),
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(err)?;
+    // Publish, wait for the peer's notification, take the blocks back.
+    macro_rules! serve {
+        ($op:expr) => {{
+            let op = $op.map_err(err)?;
+            println!("{}", op.metadata());
+            op.wait_timeout(Duration::from_secs(120)).map_err(err)?;
+            op.into_descriptors()
+                .map_err(|op| format!("completed but not released: {op:?}"))?
+        }};
+    }
+    let descriptors = match mode.as_str() {
+        "readable" => serve!(connector.create_readable(descriptors)),
+        "writable" => serve!(connector.create_writable(descriptors)),
+        other => return Err(format!("unknown mode {other:?}")),
+    };
+    let mut crc = flate2::Crc::new();
+    for d in &descriptors {
+        crc.update(d.as_slice().unwrap_or_default());
+    }
+    println!("{{\"crc32\":{},\"bytes\":{}}}", crc.sum(), crc.amount());
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("nixl-test-peer: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

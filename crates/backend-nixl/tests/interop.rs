@@ -1,0 +1,121 @@
+//! Interop with Dynamo's Python `nixl_connect` protocol, both directions, with a
+//! peer written against the official NIXL Python API (tests/interop/dynamo_peer.py).
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use backend_nixl::NixlBackend;
+use common::{Peer, crc32, runtime_available};
+use descriptor_core::conformance::pattern;
+use descriptor_core::{Connector, Descriptor, RdmaMetadata};
+use rstest::rstest;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// `PYTHONPATH` that imports `nixl_cu12` and numpy: `$NIXL_PYTHONPATH`, or the
+/// runtime `cargo xtask nixl-runtime` unpacks in this workspace.
+fn python_peer(args: &[&str]) -> Peer {
+    let pythonpath = std::env::var("NIXL_PYTHONPATH").unwrap_or_else(|_| {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../target/nixl-runtime/nixl-cu12-1.5.1");
+        format!("{}:{}", root.display(), root.join("site").display())
+    });
+    let mut command = Command::new("python3");
+    command
+        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/interop/dynamo_peer.py"))
+        .args(args)
+        .env("PYTHONPATH", pythonpath);
+    Peer::spawn(command)
+}
+
+fn blocks(seed: u64, sizes: &[usize]) -> Vec<Descriptor> {
+    sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| Descriptor::new(pattern(seed + i as u64, n)).unwrap())
+        .collect()
+}
+
+fn connector(role: &str) -> Connector {
+    Connector::new(NixlBackend::new(&format!("rust-{role}-{}", std::process::id())).unwrap())
+}
+
+#[test]
+fn python_dynamo_peer_reads_a_rust_readable() {
+    if !runtime_available() {
+        return;
+    }
+    let rust = connector("readable");
+    let source = blocks(1, &[1 << 20, 1 << 20, 4097, 3]);
+    let expected = crc32(&source);
+    let readable = rust.create_readable(source).unwrap();
+
+    let mut python = python_peer(&["read"]);
+    python.send(&readable.metadata().to_json());
+    let report: serde_json::Value = serde_json::from_str(&python.line(WAIT)).unwrap();
+
+    readable.wait_timeout(WAIT).unwrap();
+    assert_eq!(report["bytes"], (2 << 20) + 4097 + 3);
+    assert_eq!(
+        report["crc32"], expected,
+        "Python read other bytes than the readable exposed"
+    );
+    python.finish();
+}
+
+#[rstest]
+fn rust_writes_a_python_dynamo_writable(#[values(false, true)] legacy_hex: bool) {
+    if !runtime_available() {
+        return;
+    }
+    let sizes = [1 << 20, 4096, 3];
+    let mut args = vec!["writable", "[1048576,4096,3]"];
+    if legacy_hex {
+        args.push("--hex");
+    }
+    let python = python_peer(&args);
+    let published = python.line(WAIT);
+    let metadata: RdmaMetadata = published.parse().unwrap();
+    if !legacy_hex {
+        // Same JSON byte for byte, except the compressed blob: Python's zlib and
+        // Rust's deflate may pick different (equally valid) encodings.
+        let ours = metadata.to_json();
+        let without_blob = |json: &str| {
+            let start = json.find("\"nixl_metadata\":\"").unwrap();
+            let end = start + json[start..].find("\",\"notification_key\"").unwrap();
+            format!("{}{}", &json[..start], &json[end..])
+        };
+        assert_eq!(without_blob(&ours), without_blob(&published));
+        assert_eq!(ours.parse::<RdmaMetadata>().unwrap(), metadata);
+    }
+    assert_eq!(
+        metadata
+            .descriptors()
+            .iter()
+            .map(|d| d.size as usize)
+            .collect::<Vec<_>>(),
+        sizes
+    );
+
+    let rust = connector(if legacy_hex { "writer-hex" } else { "writer" });
+    let source = blocks(2, &sizes);
+    let expected = crc32(&source);
+    let write = rust.begin_write(source, &metadata).unwrap();
+    write.wait_timeout(WAIT).unwrap();
+
+    let report: serde_json::Value = serde_json::from_str(&python.line(WAIT)).unwrap();
+    assert_eq!(
+        report["crc32"], expected,
+        "Python received other bytes than were written"
+    );
+    assert_eq!(
+        report["from"],
+        rust.name(),
+        "the notification names the writer"
+    );
+    python.finish();
+}
