@@ -396,3 +396,57 @@ fn global_fabric_connects_agents_without_passing_a_fabric_around() {
         pattern(15, 128).as_slice()
     );
 }
+
+#[test]
+fn idle_peers_stay_loaded_up_to_the_cap_then_least_recent_go() {
+    let fabric = Fabric::new();
+    let client = Connector::builder(LoopbackBackend::new(&fabric, "client").unwrap())
+        .max_idle_peers(3)
+        .build();
+    let servers: Vec<Connector> = (0..5)
+        .map(|i| connector(&fabric, &format!("server-{i}")).0)
+        .collect();
+    for (i, server) in servers.iter().enumerate() {
+        let readable = server.create_readable(filled(20 + i as u64, 64)).unwrap();
+        let read = client.begin_read(readable.metadata(), zeroed(64)).unwrap();
+        read.wait_timeout(LONG).unwrap();
+        assert_eq!(
+            read.into_descriptors().unwrap()[0].as_slice().unwrap(),
+            pattern(20 + i as u64, 64).as_slice()
+        );
+        assert_eq!(client.remote_agent_count(), 0);
+        assert_eq!(client.idle_remote_agent_count(), (i + 1).min(3));
+    }
+    // The evicted peers really were unloaded: a stale grant of server-0 is gone,
+    // so its new readable still works (fresh load), and old metadata does not.
+    let readable = servers[0].create_readable(filled(30, 64)).unwrap();
+    let read = client.begin_read(readable.metadata(), zeroed(64)).unwrap();
+    read.wait_timeout(LONG).unwrap();
+    client.unload_idle_remote_agents();
+    assert_eq!(
+        (
+            client.remote_agent_count(),
+            client.idle_remote_agent_count()
+        ),
+        (0, 0)
+    );
+}
+
+#[test]
+fn zero_idle_peers_unloads_at_the_last_operation() {
+    let fabric = Fabric::new();
+    let client = Connector::builder(LoopbackBackend::new(&fabric, "client").unwrap())
+        .max_idle_peers(0)
+        .build();
+    let (server, _) = connector(&fabric, "server");
+    let readable = server.create_readable(filled(40, 64)).unwrap();
+    let read = client.begin_read(readable.metadata(), zeroed(64)).unwrap();
+    read.wait_timeout(LONG).unwrap();
+    assert_eq!(
+        (
+            client.remote_agent_count(),
+            client.idle_remote_agent_count()
+        ),
+        (0, 0)
+    );
+}

@@ -1,8 +1,7 @@
 //! [`Connector`]: one process role's entry point; creates the four operations.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::backend::{RegistrationBackend, Segment, TransferOp, TransferRequest};
 use crate::descriptor::Descriptor;
@@ -13,6 +12,7 @@ use crate::operation::state::{OpShared, OperationStatus, Outcome, Pending};
 use crate::operation::{
     OperationCore, ReadOperation, ReadableOperation, WritableOperation, WriteOperation,
 };
+use crate::remote::{DEFAULT_MAX_IDLE_PEERS, RemoteCache};
 
 static NEXT_CONNECTOR_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -41,6 +41,45 @@ impl Drop for Inner {
     }
 }
 
+/// Builds a [`Connector`] with settings other than the defaults.
+pub struct ConnectorBuilder {
+    backend: Arc<dyn RegistrationBackend>,
+    max_idle_peers: usize,
+}
+
+impl std::fmt::Debug for ConnectorBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectorBuilder")
+            .field("backend", &self.backend.backend_name())
+            .field("max_idle_peers", &self.max_idle_peers)
+            .finish()
+    }
+}
+
+impl ConnectorBuilder {
+    /// How many peers to keep loaded after their last operation ended (default
+    /// 64; least recently used unloaded first). 0 unloads a peer as soon as its
+    /// last operation ends, as Dynamo's reference-counted fix does.
+    pub fn max_idle_peers(mut self, peers: usize) -> Self {
+        self.max_idle_peers = peers;
+        self
+    }
+
+    /// The connector.
+    pub fn build(self) -> Connector {
+        let backend = self.backend;
+        Connector {
+            inner: Arc::new(Inner {
+                id: NEXT_CONNECTOR_ID.fetch_add(1, Ordering::Relaxed),
+                name: backend.agent_name().into(),
+                engine: Engine::new(Arc::clone(&backend)),
+                remotes: Arc::new(RemoteCache::new(Arc::clone(&backend), self.max_idle_peers)),
+                backend,
+            }),
+        }
+    }
+}
+
 impl std::fmt::Debug for Connector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Connector")
@@ -53,23 +92,24 @@ impl std::fmt::Debug for Connector {
 impl Connector {
     /// A connector over `backend`; its name is the backend's agent name.
     pub fn new(backend: impl RegistrationBackend) -> Connector {
-        Connector::from_arc(Arc::new(backend))
+        Connector::builder(backend).build()
     }
 
     /// A connector over a shared backend. Give each backend to one connector only:
     /// the connector's engine consumes the backend's notifications.
     pub fn from_arc(backend: Arc<dyn RegistrationBackend>) -> Connector {
-        Connector {
-            inner: Arc::new(Inner {
-                id: NEXT_CONNECTOR_ID.fetch_add(1, Ordering::Relaxed),
-                name: backend.agent_name().into(),
-                engine: Engine::new(Arc::clone(&backend)),
-                remotes: Arc::new(RemoteCache {
-                    backend: Arc::clone(&backend),
-                    peers: Mutex::new(HashMap::new()),
-                }),
-                backend,
-            }),
+        ConnectorBuilder {
+            backend,
+            max_idle_peers: DEFAULT_MAX_IDLE_PEERS,
+        }
+        .build()
+    }
+
+    /// A builder, for settings other than the defaults.
+    pub fn builder(backend: impl RegistrationBackend) -> ConnectorBuilder {
+        ConnectorBuilder {
+            backend: Arc::new(backend),
+            max_idle_peers: DEFAULT_MAX_IDLE_PEERS,
         }
     }
 
@@ -83,9 +123,21 @@ impl Connector {
         &*self.inner.backend
     }
 
-    /// How many peers are loaded in the remote-agent cache right now.
+    /// Peers that operations of this connector are using right now.
     pub fn remote_agent_count(&self) -> usize {
-        self.inner.remotes.lock().len()
+        self.inner.remotes.active()
+    }
+
+    /// Peers kept loaded although no operation uses them (at most
+    /// [`ConnectorBuilder::max_idle_peers`]), so the next operation to them
+    /// needs no reload or reconnection.
+    pub fn idle_remote_agent_count(&self) -> usize {
+        self.inner.remotes.idle()
+    }
+
+    /// Unloads every idle peer now.
+    pub fn unload_idle_remote_agents(&self) {
+        self.inner.remotes.unload_idle();
     }
 
     pub(crate) fn id(&self) -> u64 {
@@ -330,51 +382,4 @@ fn remote_segments(descriptors: &[SerializedDescriptor]) -> Result<Vec<Segment>>
             }
         })
         .collect()
-}
-
-/// Loaded peers, reference-counted by the operations that use them.
-pub(crate) struct RemoteCache {
-    backend: Arc<dyn RegistrationBackend>,
-    peers: Mutex<HashMap<String, usize>>,
-}
-
-impl RemoteCache {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
-        self.peers.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Loads (or merges) a peer's metadata and takes a reference on its entry.
-    /// The lock is held across the backend call so that a concurrent last
-    /// release cannot unload the peer between the load and the count.
-    fn acquire(self: &Arc<Self>, agent_metadata: &[u8]) -> Result<RemoteLease> {
-        let mut peers = self.lock();
-        let peer = self.backend.load_remote(agent_metadata)?;
-        *peers.entry(peer.clone()).or_insert(0) += 1;
-        Ok(RemoteLease {
-            cache: Arc::clone(self),
-            peer,
-        })
-    }
-}
-
-/// One operation's reference on a loaded peer; the last one dropped unloads it.
-pub(crate) struct RemoteLease {
-    cache: Arc<RemoteCache>,
-    peer: String,
-}
-
-impl Drop for RemoteLease {
-    fn drop(&mut self) {
-        let mut peers = self.cache.lock();
-        let Some(count) = peers.get_mut(&self.peer) else {
-            return;
-        };
-        *count -= 1;
-        if *count == 0 {
-            peers.remove(&self.peer);
-            if let Err(error) = self.cache.backend.unload_remote(&self.peer) {
-                tracing::warn!(%error, peer = %self.peer, "unloading peer failed");
-            }
-        }
-    }
 }

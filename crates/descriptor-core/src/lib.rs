@@ -55,6 +55,7 @@ mod engine;
 mod error;
 mod metadata;
 mod operation;
+mod remote;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -64,7 +65,7 @@ pub use backend::{
     TransferId, TransferOp, TransferRequest, TransferState,
 };
 pub use buffer::{MemoryBuffer, RawMemory};
-pub use connector::Connector;
+pub use connector::{Connector, ConnectorBuilder};
 pub use descriptor::Descriptor;
 pub use device::{Device, DeviceKind};
 pub use error::{Error, Result, Side};
@@ -77,6 +78,7 @@ pub use operation::{
     Completion, OperationFuture, OperationStatus, ReadOperation, ReadableOperation,
     WritableOperation, WriteOperation,
 };
+pub use remote::DEFAULT_MAX_IDLE_PEERS;
 
 /// The README's Rust examples, compiled and run as doc tests.
 #[cfg(doctest)]

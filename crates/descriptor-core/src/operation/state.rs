@@ -5,9 +5,9 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use crate::backend::{ExposureId, RegistrationBackend, TransferId, TransferState};
-use crate::connector::RemoteLease;
 use crate::descriptor::Descriptor;
 use crate::error::{Error, Result};
+use crate::remote::RemoteLease;
 
 /// Where an operation stands. Terminal states (`Complete`, `Cancelled`,
 /// `Errored`) never change again. Numbering is Dynamo's.
