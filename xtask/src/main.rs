@@ -4,6 +4,8 @@
 //!   with a one-screen summary at the end.
 //! - `demo [--backend NAME] [demo options]`: the main job, in a release build.
 //! - `nixl-runtime`: fetch and unpack the NIXL runtime (idempotent).
+//! - `bench [--quick]`: the interleaved benchmark (release build), then the
+//!   criterion micro-benchmarks of the hot paths.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod nixl;
@@ -21,6 +23,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("test") => test(&root, &args[1..]),
         Some("demo") => demo(&root, &args[1..]),
+        Some("bench") => bench(&root, &args[1..]),
         Some("nixl-runtime") => match nixl::ensure_runtime(&root) {
             Ok(runtime) => {
                 println!("{}", runtime.root.display());
@@ -36,6 +39,7 @@ fn main() -> ExitCode {
                 "usage: cargo xtask <command>\n\n\
                  commands:\n  \
                  test                  fmt check, clippy -D warnings, all tests and doc tests, rustdoc -D warnings, demos\n  \
+                 bench [--quick]       memcpy / loopback / nixl / raw nixl-sys, interleaved; writes target/bench/\n  \
                  nixl-runtime          fetch the NIXL runtime ({}) into target/nixl-runtime (idempotent)\n  \
                  demo [--backend NAME] [--blocks N] [--block-size BYTES] [--iterations N]\n                        \
                  move KV-cache-like blocks both ways and report bandwidth (backends: {})",
@@ -275,4 +279,47 @@ fn demo(root: &Path, args: &[String]) -> Result<(), u8> {
     ]);
     cmd.args(&rest);
     if run(root, cmd) { Ok(()) } else { Err(1) }
+}
+
+fn bench(root: &Path, args: &[String]) -> Result<(), u8> {
+    let quick = match args {
+        [] => false,
+        [q] if q == "--quick" => true,
+        _ => {
+            eprintln!("usage: cargo xtask bench [--quick]");
+            return Err(2);
+        }
+    };
+    let runtime = match nixl::ensure_libclang().and_then(|()| nixl::ensure_runtime(root)) {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("xtask bench: {e}");
+            return Err(1);
+        }
+    };
+    let out = root.join("target/bench");
+    let mut cmd = cargo();
+    cmd.args(["run", "--quiet", "--release", "-p", "bench", "--"])
+        .arg("--out")
+        .arg(&out)
+        .env("NIXL_RUNTIME_DIR", &runtime.root);
+    if quick {
+        cmd.arg("--quick");
+    }
+    if !run(root, cmd) {
+        return Err(1);
+    }
+    let mut micro = cargo();
+    micro.args([
+        "bench",
+        "-p",
+        "descriptor-core",
+        "--bench",
+        "hot_paths",
+        "--",
+    ]);
+    if quick {
+        micro.args(["--warm-up-time", "0.5", "--measurement-time", "1"]);
+    }
+    if run(root, micro) { Ok(()) } else { Err(1) }
 }

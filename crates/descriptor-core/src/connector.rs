@@ -8,7 +8,7 @@ use crate::descriptor::Descriptor;
 use crate::engine::Engine;
 use crate::error::{Error, Result, Side};
 use crate::metadata::{OperationKind, RdmaMetadata, SerializedDescriptor};
-use crate::operation::state::{OpShared, OperationStatus, Outcome, Pending};
+use crate::operation::state::{Help, OpShared, OperationStatus, Outcome, Pending};
 use crate::operation::{
     OperationCore, ReadOperation, ReadableOperation, WritableOperation, WriteOperation,
 };
@@ -217,8 +217,14 @@ impl Connector {
             key,
         );
         let bytes = descriptors.iter().map(Descriptor::size).sum();
+        let help = if self.inner.engine.event_driven() {
+            Help::Nothing
+        } else {
+            Help::Notifications(Arc::downgrade(&self.inner.engine))
+        };
         let shared = OpShared::new(
             self.backend_arc(),
+            help,
             if access == OperationKind::Read {
                 "readable"
             } else {
@@ -279,8 +285,14 @@ impl Connector {
         // operation created below owns the descriptors and frees them only after
         // `release` returned `Ok` (see `OperationCore::drop`).
         let transfer = unsafe { self.inner.backend.post(&request)? };
+        let help = if self.inner.engine.event_driven() {
+            Help::Nothing
+        } else {
+            Help::Transfer
+        };
         let shared = OpShared::new(
             self.backend_arc(),
+            help,
             match op {
                 TransferOp::Read => "read",
                 TransferOp::Write => "write",

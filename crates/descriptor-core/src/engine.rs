@@ -16,8 +16,12 @@ use std::time::Duration;
 use crate::backend::RegistrationBackend;
 use crate::operation::state::{OpShared, Outcome};
 
-/// Longest sleep between polls of a polled backend.
-const MAX_BACKOFF: Duration = Duration::from_millis(1);
+/// Longest sleep between polls of a polled backend: at ~1 us a poll, in-flight
+/// work then costs about 1% of a core, and a completion is seen at most this late
+/// (a waiting thread polls on its own, see `OpShared::wait`).
+const MAX_BACKOFF: Duration = Duration::from_micros(200);
+/// First back-off when only notifications (or helped transfers) are awaited.
+const MIN_NOTIFY_BACKOFF_US: u64 = 64;
 /// Polls of a polled backend before the engine starts sleeping.
 const SPIN_POLLS: u32 = 16;
 /// An event-driven backend is still polled this often, in case an event was lost.
@@ -63,12 +67,17 @@ impl Engine {
         self.work.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Called by the backend's event hook.
+    /// Called by an event-driven backend's hook, in the thread that caused the
+    /// event: the affected operations are finished right here, which saves the
+    /// two context switches of handing the event to the engine thread.
     fn signal(&self) {
-        let mut work = self.lock();
-        work.events = true;
-        drop(work);
-        self.wake.notify_one();
+        let active = self.lock().active.clone();
+        self.pass(&active);
+    }
+
+    /// Whether the backend reports events itself (no polling needed).
+    pub(crate) fn event_driven(&self) -> bool {
+        self.event_driven
     }
 
     /// Follows an active operation's transfer until it ends.
@@ -85,10 +94,14 @@ impl Engine {
     pub(crate) fn track_passive(self: &Arc<Self>, key: Box<[u8]>, op: Arc<OpShared>) {
         let mut work = self.lock();
         work.passive.insert(key, op);
-        work.events = true;
         self.ensure_running(&mut work);
-        drop(work);
-        self.wake.notify_one();
+        // An event-driven backend signals the notification itself; a polled one
+        // needs the engine awake to poll for it.
+        if !self.event_driven {
+            work.events = true;
+            drop(work);
+            self.wake.notify_one();
+        }
     }
 
     pub(crate) fn untrack_passive(&self, key: &[u8]) {
@@ -145,11 +158,19 @@ impl Engine {
                         if timeout.timed_out() {
                             break;
                         }
-                    } else if idle_polls < SPIN_POLLS {
-                        break;
                     } else {
-                        let backoff = Duration::from_micros(1 << (idle_polls - SPIN_POLLS).min(10))
-                            .min(MAX_BACKOFF);
+                        // Spin only for transfers nobody else polls; notifications
+                        // (and helped transfers) can wait for a back-off that
+                        // starts longer, so the engine does not fight the threads
+                        // doing the work for the CPU.
+                        let unhelped = work.active.iter().any(|op| op.needs_engine());
+                        if unhelped && idle_polls < SPIN_POLLS {
+                            break;
+                        }
+                        let floor = if unhelped { 1 } else { MIN_NOTIFY_BACKOFF_US };
+                        let step = idle_polls.saturating_sub(SPIN_POLLS).min(10);
+                        let backoff = Duration::from_micros(floor << step).min(MAX_BACKOFF);
+                        idle_polls = idle_polls.max(SPIN_POLLS);
                         work = self
                             .wake
                             .wait_timeout(work, backoff)
@@ -175,8 +196,19 @@ impl Engine {
 
     /// One round of polling; true if anything finished.
     fn pass(&self, active: &[Arc<OpShared>]) -> bool {
+        let finished = self.poll_active(active);
+        let notified = self.drain_notifications();
+        finished || notified
+    }
+
+    /// Polls active transfers nobody else is polling; true if any finished.
+    fn poll_active(&self, active: &[Arc<OpShared>]) -> bool {
         let mut finished = Vec::new();
         for op in active {
+            // A thread blocked in `wait` polls its operation itself.
+            if !op.needs_engine() {
+                continue;
+            }
             if op.poll_transfer() {
                 finished.push(Arc::as_ptr(op));
             }
@@ -186,6 +218,11 @@ impl Engine {
                 .active
                 .retain(|op| !finished.contains(&Arc::as_ptr(op)));
         }
+        !finished.is_empty()
+    }
+
+    /// Completes the passive operations whose notifications arrived; true if any.
+    pub(crate) fn drain_notifications(&self) -> bool {
         let mut notified = 0usize;
         let drained = self.backend.drain_notifications(&mut |notification| {
             let op = self.lock().passive.remove(notification.payload.as_slice());
@@ -204,6 +241,6 @@ impl Engine {
         if let Err(error) = drained {
             tracing::warn!(%error, "draining notifications failed");
         }
-        !finished.is_empty() || notified > 0
+        notified > 0
     }
 }

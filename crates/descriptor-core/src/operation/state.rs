@@ -1,11 +1,13 @@
 //! The state an operation shares with the progress engine.
 
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use crate::backend::{ExposureId, RegistrationBackend, TransferId, TransferState};
 use crate::descriptor::Descriptor;
+use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::remote::RemoteLease;
 
@@ -36,6 +38,22 @@ impl OperationStatus {
             OperationStatus::Complete | OperationStatus::Cancelled | OperationStatus::Errored
         )
     }
+}
+
+/// How long a blocked waiter polls a polled backend before it sleeps.
+const HELP_WINDOW: Duration = Duration::from_millis(2);
+/// How long the engine leaves a new transfer to its poster before polling it.
+const ENGINE_GRACE: Duration = Duration::from_micros(50);
+
+/// What a thread blocked in `wait` polls itself, rather than sleeping until
+/// the engine thread notices the end and wakes it.
+pub(crate) enum Help {
+    /// Nothing: the backend reports events itself.
+    Nothing,
+    /// The operation's transfer (active operations on polled backends).
+    Transfer,
+    /// The connector's notifications (passive operations on polled backends).
+    Notifications(Weak<Engine>),
 }
 
 /// How an operation ended.
@@ -74,6 +92,10 @@ pub(crate) struct OpState {
 /// Shared between an operation, its waiters and the progress engine.
 pub(crate) struct OpShared {
     backend: Arc<dyn RegistrationBackend>,
+    /// What a blocked waiter polls itself (with polled backends).
+    help: Help,
+    /// Threads polling this operation from `wait`; the engine leaves it to them.
+    helpers: AtomicUsize,
     state: Mutex<OpState>,
     done: Condvar,
     kind: &'static str,
@@ -84,6 +106,7 @@ pub(crate) struct OpShared {
 impl OpShared {
     pub(crate) fn new(
         backend: Arc<dyn RegistrationBackend>,
+        help: Help,
         kind: &'static str,
         bytes: usize,
         status: OperationStatus,
@@ -92,6 +115,8 @@ impl OpShared {
     ) -> Arc<OpShared> {
         Arc::new(OpShared {
             backend,
+            help,
+            helpers: AtomicUsize::new(0),
             state: Mutex::new(OpState {
                 status,
                 error: None,
@@ -222,6 +247,13 @@ impl OpShared {
         released
     }
 
+    /// Whether the engine should poll this operation: nobody waiting is polling
+    /// it, and it is past the grace period in which its poster usually starts
+    /// waiting (polling it from two threads only makes them fight for the CPU).
+    pub(crate) fn needs_engine(&self) -> bool {
+        self.helpers.load(Ordering::Acquire) == 0 && self.started.elapsed() >= ENGINE_GRACE
+    }
+
     /// Drives an active operation: polls its transfer, or keeps releasing a
     /// draining one. True once the engine can forget the operation.
     pub(crate) fn poll_transfer(&self) -> bool {
@@ -256,9 +288,46 @@ impl OpShared {
     }
 
     /// Blocks until the operation ends or `timeout` passes.
+    ///
+    /// With a polled backend, the waiting thread first polls itself (the transfer,
+    /// or the notifications) for up to [`HELP_WINDOW`]: it would otherwise sleep
+    /// until the engine thread noticed and woke it, and with NIXL polling is what
+    /// drives the transfer.
     pub(crate) fn wait(&self, timeout: Option<Duration>) -> Result<()> {
         // A timeout too large to represent is no timeout.
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        if !matches!(self.help, Help::Nothing) {
+            let window = Instant::now() + HELP_WINDOW;
+            let until = deadline.map_or(window, |d| d.min(window));
+            self.helpers.fetch_add(1, Ordering::AcqRel);
+            let _helping = Helping(&self.helpers);
+            loop {
+                {
+                    let st = self.lock();
+                    if let Some(result) = Self::result(&st) {
+                        return result;
+                    }
+                }
+                let settled = match &self.help {
+                    Help::Transfer => self.poll_transfer(),
+                    Help::Notifications(engine) => match engine.upgrade() {
+                        Some(engine) => {
+                            engine.drain_notifications();
+                            false
+                        }
+                        None => true,
+                    },
+                    Help::Nothing => true,
+                };
+                if settled && !self.status().is_terminal() {
+                    break;
+                }
+                if Instant::now() >= until {
+                    break;
+                }
+                std::thread::yield_now();
+            }
+        }
         let mut st = self.lock();
         loop {
             if let Some(result) = Self::result(&st) {
@@ -292,6 +361,15 @@ impl OpShared {
                 Poll::Pending
             }
         }
+    }
+}
+
+/// Counts a helping waiter for as long as it lives.
+struct Helping<'a>(&'a AtomicUsize);
+
+impl Drop for Helping<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

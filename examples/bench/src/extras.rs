@@ -1,0 +1,342 @@
+//! Everything but bandwidth: completion wake-up, registration, metadata,
+//! idle CPU and memory over many operations.
+
+use std::time::{Duration, Instant};
+
+use backend_loopback::{Fabric, LoopbackBackend};
+use backend_nixl::{MetadataScope, NixlBackend};
+use descriptor_core::{Connector, Descriptor, RdmaMetadata};
+use nixl_sys::{Agent, AgentConfig};
+
+use crate::movers::{Buf, Res, fill};
+
+/// Named measurements, in the order printed.
+pub(crate) struct Extras {
+    pub(crate) items: Vec<(String, f64, &'static str)>,
+}
+
+impl Extras {
+    fn add(&mut self, name: impl Into<String>, value: f64, unit: &'static str) {
+        let name = name.into();
+        eprintln!("bench: {name} = {value:.3} {unit}");
+        self.items.push((name, value, unit));
+    }
+}
+
+fn e(e: descriptor_core::Error) -> String {
+    e.to_string()
+}
+
+fn loopback_pair(tag: &str) -> Res<(Connector, Connector)> {
+    let fabric = Fabric::new();
+    let make = |n: String| {
+        LoopbackBackend::new(&fabric, &n)
+            .map(Connector::new)
+            .map_err(e)
+    };
+    Ok((make(format!("{tag}-p"))?, make(format!("{tag}-a"))?))
+}
+
+fn nixl_pair(tag: &str) -> Res<(Connector, Connector)> {
+    let make = |n: String| NixlBackend::new(&n).map(Connector::new).map_err(e);
+    Ok((make(format!("{tag}-p"))?, make(format!("{tag}-a"))?))
+}
+
+/// One 4 KiB readable -> read round trip, buffers reused.
+struct RoundTrip {
+    passive: Connector,
+    active: Connector,
+    src: Vec<Descriptor>,
+    dst: Vec<Descriptor>,
+}
+
+impl RoundTrip {
+    fn new((passive, active): (Connector, Connector), size: usize) -> Res<RoundTrip> {
+        Ok(RoundTrip {
+            passive,
+            active,
+            src: vec![Descriptor::new(fill(9, size)).map_err(e)?],
+            dst: vec![Descriptor::new(vec![0u8; size]).map_err(e)?],
+        })
+    }
+
+    /// Returns (post -> active waiter wakes, post -> passive waiter wakes).
+    fn once(&mut self) -> Res<(Duration, Duration)> {
+        let readable = self
+            .passive
+            .create_readable(std::mem::take(&mut self.src))
+            .map_err(e)?;
+        std::thread::scope(|scope| {
+            let waiter = scope.spawn(|| readable.wait().map(|()| Instant::now()));
+            // Let the waiter block first.
+            std::thread::sleep(Duration::from_micros(200));
+            let posted = Instant::now();
+            let read = self
+                .active
+                .begin_read(readable.metadata(), std::mem::take(&mut self.dst))
+                .map_err(e)?;
+            read.wait().map_err(e)?;
+            let active = posted.elapsed();
+            let woke = waiter.join().map_err(|_| "waiter panicked")?.map_err(e)?;
+            self.dst = read.into_descriptors().map_err(|_| "not returned")?;
+            Ok::<_, String>((active, woke.duration_since(posted)))
+        })
+        .and_then(|t| {
+            self.src = readable.into_descriptors().map_err(|_| "not returned")?;
+            Ok(t)
+        })
+    }
+
+    fn fast(&mut self) -> Res<()> {
+        let readable = self
+            .passive
+            .create_readable(std::mem::take(&mut self.src))
+            .map_err(e)?;
+        let read = self
+            .active
+            .begin_read(readable.metadata(), std::mem::take(&mut self.dst))
+            .map_err(e)?;
+        read.wait().map_err(e)?;
+        readable.wait().map_err(e)?;
+        self.dst = read.into_descriptors().map_err(|_| "not returned")?;
+        self.src = readable.into_descriptors().map_err(|_| "not returned")?;
+        Ok(())
+    }
+}
+
+fn percentiles(mut v: Vec<Duration>) -> (f64, f64) {
+    v.sort();
+    let at = |p: f64| v[((v.len() - 1) as f64 * p).round() as usize].as_secs_f64() * 1e6;
+    (at(0.5), at(0.99))
+}
+
+/// CPU time of the whole process (all threads), in nanoseconds.
+fn process_cpu_ns() -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4096)
+}
+
+pub(crate) fn measure(quick: bool) -> Res<Extras> {
+    let mut x = Extras { items: Vec::new() };
+
+    // Completion reaching waiters, 4 KiB.
+    for (name, pair) in [
+        ("loopback", loopback_pair("lat")?),
+        ("nixl", nixl_pair("lat")?),
+    ] {
+        let mut rt = RoundTrip::new(pair, 4096)?;
+        rt.once()?;
+        let (mut active, mut passive) = (Vec::new(), Vec::new());
+        for _ in 0..if quick { 200 } else { 1000 } {
+            let (a, p) = rt.once()?;
+            active.push(a);
+            passive.push(p);
+        }
+        let (a50, a99) = percentiles(active);
+        let (p50, p99) = percentiles(passive);
+        x.add(
+            format!("{name}: 4 KiB post -> active waiter wakes, p50"),
+            a50,
+            "us",
+        );
+        x.add(
+            format!("{name}: 4 KiB post -> active waiter wakes, p99"),
+            a99,
+            "us",
+        );
+        x.add(
+            format!("{name}: 4 KiB post -> passive waiter (other thread) wakes, p50"),
+            p50,
+            "us",
+        );
+        x.add(
+            format!("{name}: 4 KiB post -> passive waiter (other thread) wakes, p99"),
+            p99,
+            "us",
+        );
+    }
+
+    // One thread, back-to-back 4 KiB round trips (two operations each).
+    let mut rt = RoundTrip::new(loopback_pair("ops")?, 4096)?;
+    let n = if quick { 100_000 } else { 500_000 };
+    let started = Instant::now();
+    for _ in 0..n {
+        rt.fast()?;
+    }
+    let per = started.elapsed().as_secs_f64() / n as f64;
+    x.add(
+        "loopback: 4 KiB readable+read round trip, one thread",
+        per * 1e6,
+        "us",
+    );
+    x.add(
+        "loopback: operations per second, one thread (2 per round trip)",
+        2.0 / per,
+        "ops/s",
+    );
+
+    // Registration of 1,000 regions.
+    let regions = 1000;
+    let bufs: Vec<Vec<u8>> = (0..regions).map(|_| vec![0u8; 4096]).collect();
+    for (name, connector) in [
+        ("loopback", loopback_pair("reg")?.0),
+        ("nixl", nixl_pair("reg")?.0),
+    ] {
+        let mut descs: Vec<Descriptor> = bufs
+            .iter()
+            .map(|b| Descriptor::new(b.clone()))
+            .collect::<Result<_, _>>()
+            .map_err(e)?;
+        let started = Instant::now();
+        for d in &mut descs {
+            d.register_memory(&connector).map_err(e)?;
+        }
+        x.add(
+            format!("{name}: register 1,000 regions"),
+            started.elapsed().as_secs_f64() * 1e3,
+            "ms",
+        );
+    }
+    {
+        backend_nixl::runtime::load().map_err(e)?;
+        let config = AgentConfig {
+            enable_prog_thread: false,
+            ..AgentConfig::default()
+        };
+        let agent = Agent::new_configured("raw-reg", &config).map_err(|e| e.to_string())?;
+        let (_, params) = agent.get_plugin_params("UCX").map_err(|e| e.to_string())?;
+        agent
+            .create_backend("UCX", &params)
+            .map_err(|e| e.to_string())?;
+        let raw: Vec<Buf> = bufs.iter().map(|b| Buf(b.clone())).collect();
+        let started = Instant::now();
+        let handles = raw
+            .iter()
+            .map(|b| agent.register_memory(b, None))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| e.to_string())?;
+        x.add(
+            "nixl-sys-raw: register 1,000 regions",
+            started.elapsed().as_secs_f64() * 1e3,
+            "ms",
+        );
+        drop(handles);
+    }
+
+    // Metadata: size and encode+decode, Dynamo's full-agent encoding vs scoped,
+    // from an agent that also holds 1,000 unrelated registrations.
+    for scope in [MetadataScope::Agent, MetadataScope::Exposed] {
+        let connector = Connector::new(
+            NixlBackend::builder(&format!("md-{scope:?}"))
+                .metadata_scope(scope)
+                .build()
+                .map_err(e)?,
+        );
+        let mut others: Vec<Descriptor> = bufs
+            .iter()
+            .map(|b| Descriptor::new(b.clone()))
+            .collect::<Result<_, _>>()
+            .map_err(e)?;
+        for d in &mut others {
+            d.register_memory(&connector).map_err(e)?;
+        }
+        for count in [1usize, 64] {
+            let descs: Vec<Descriptor> = (0..count)
+                .map(|_| Descriptor::new(vec![1u8; 4096]))
+                .collect::<Result<_, _>>()
+                .map_err(e)?;
+            let readable = connector.create_readable(descs).map_err(e)?;
+            let reps = 50;
+            let started = Instant::now();
+            let mut json = String::new();
+            for _ in 0..reps {
+                json = readable.metadata().to_json();
+                let parsed: RdmaMetadata = json.parse().map_err(e)?;
+                std::hint::black_box(parsed);
+            }
+            let label = match scope {
+                MetadataScope::Agent => "Dynamo encoding (full agent metadata)",
+                MetadataScope::Exposed => "scoped metadata",
+            };
+            x.add(
+                format!("nixl {label}, {count} descriptors: JSON size"),
+                json.len() as f64,
+                "B",
+            );
+            x.add(
+                format!("nixl {label}, {count} descriptors: encode+decode"),
+                started.elapsed().as_secs_f64() * 1e6 / reps as f64,
+                "us",
+            );
+            readable.cancel();
+        }
+    }
+
+    // Idle CPU: connectors that did work, then sit idle for a second.
+    for (name, pair) in [
+        ("loopback", loopback_pair("idle")?),
+        ("nixl", nixl_pair("idle")?),
+    ] {
+        let mut rt = RoundTrip::new(pair, 4096)?;
+        rt.fast()?;
+        std::thread::sleep(Duration::from_millis(200));
+        let before = process_cpu_ns();
+        let started = Instant::now();
+        std::thread::sleep(Duration::from_secs(1));
+        let used =
+            process_cpu_ns().saturating_sub(before) as f64 / started.elapsed().as_nanos() as f64;
+        x.add(
+            format!("{name}: idle pair of connectors, CPU (whole process)"),
+            used * 100.0,
+            "% of a core",
+        );
+    }
+
+    // Memory across many small operations.
+    for (name, pair, n) in [
+        (
+            "loopback",
+            loopback_pair("mem")?,
+            if quick { 200_000 } else { 1_000_000 },
+        ),
+        (
+            "nixl",
+            nixl_pair("mem")?,
+            if quick { 5_000 } else { 50_000 },
+        ),
+    ] {
+        let mut rt = RoundTrip::new(pair, 4096)?;
+        for _ in 0..n / 10 {
+            rt.fast()?;
+        }
+        let before = rss_bytes();
+        for _ in 0..n {
+            rt.fast()?;
+        }
+        let after = rss_bytes();
+        x.add(
+            format!("{name}: RSS before {} more round trips", n),
+            before as f64 / 1048576.0,
+            "MiB",
+        );
+        x.add(
+            format!("{name}: RSS after {n} round trips"),
+            after as f64 / 1048576.0,
+            "MiB",
+        );
+    }
+    Ok(x)
+}

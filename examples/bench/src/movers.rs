@@ -1,0 +1,377 @@
+//! The four ways of moving the same bytes that the bench compares.
+
+use std::time::{Duration, Instant};
+
+use backend_loopback::{Fabric, LoopbackBackend};
+use backend_nixl::NixlBackend;
+use descriptor_core::{Connector, Descriptor};
+use nixl_sys::{
+    Agent, AgentConfig, MemType, MemoryRegion, NixlDescriptor, NotificationMap, OptArgs,
+    RegistrationHandle, XferDescList, XferOp, XferStatus,
+};
+
+pub(crate) type Res<T> = Result<T, String>;
+
+/// Read: the passive side's bytes land in the active side's buffers.
+/// Write: the active side's bytes land in the passive side's buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    Read,
+    Write,
+}
+
+impl Op {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Op::Read => "read",
+            Op::Write => "write",
+        }
+    }
+}
+
+pub(crate) trait Mover {
+    fn name(&self) -> &'static str;
+    /// Allocates (and registers) `blocks` buffers of `block` bytes per side.
+    fn prepare(&mut self, op: Op, block: usize, blocks: usize) -> Res<()>;
+    /// One transfer; the time until the initiator knows it is complete.
+    fn run(&mut self, op: Op) -> Res<Duration>;
+    /// Whether the destination now equals the source.
+    fn verify(&self, op: Op) -> bool;
+}
+
+pub(crate) fn fill(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(len);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes()[..(len - out.len()).min(8)]);
+    }
+    out
+}
+
+fn blocks(fill_seed: Option<u64>, block: usize, blocks: usize) -> Vec<Vec<u8>> {
+    (0..blocks)
+        .map(|i| match fill_seed {
+            Some(seed) => fill(seed + i as u64, block),
+            None => vec![0u8; block],
+        })
+        .collect()
+}
+
+/// (source seed for the passive side, for the active side)
+fn seeds(op: Op) -> (Option<u64>, Option<u64>) {
+    match op {
+        Op::Read => (Some(1), None),
+        Op::Write => (None, Some(2)),
+    }
+}
+
+/// `memcpy` of the same bytes: the ceiling.
+#[derive(Default)]
+pub(crate) struct Memcpy {
+    src: Vec<Vec<u8>>,
+    dst: Vec<Vec<u8>>,
+}
+
+impl Mover for Memcpy {
+    fn name(&self) -> &'static str {
+        "memcpy"
+    }
+    fn prepare(&mut self, _op: Op, block: usize, n: usize) -> Res<()> {
+        self.src = blocks(Some(3), block, n);
+        self.dst = blocks(None, block, n);
+        Ok(())
+    }
+    fn run(&mut self, _op: Op) -> Res<Duration> {
+        let started = Instant::now();
+        for (d, s) in self.dst.iter_mut().zip(&self.src) {
+            d.copy_from_slice(s);
+        }
+        std::hint::black_box(&mut self.dst);
+        Ok(started.elapsed())
+    }
+    fn verify(&self, _op: Op) -> bool {
+        self.src == self.dst
+    }
+}
+
+/// The public API over a backend: passive operation, active operation, waits.
+pub(crate) struct Api {
+    name: &'static str,
+    passive: Connector,
+    active: Connector,
+    passive_descs: Vec<Descriptor>,
+    active_descs: Vec<Descriptor>,
+}
+
+impl Api {
+    pub(crate) fn loopback() -> Res<Api> {
+        let fabric = Fabric::new();
+        let make = |n| {
+            LoopbackBackend::new(&fabric, n)
+                .map(Connector::new)
+                .map_err(|e| e.to_string())
+        };
+        Ok(Api::new(
+            "loopback",
+            make("bench-passive")?,
+            make("bench-active")?,
+        ))
+    }
+
+    pub(crate) fn nixl() -> Res<Api> {
+        let make = |n| {
+            NixlBackend::new(n)
+                .map(Connector::new)
+                .map_err(|e| e.to_string())
+        };
+        Ok(Api::new("nixl", make("api-passive")?, make("api-active")?))
+    }
+
+    fn new(name: &'static str, passive: Connector, active: Connector) -> Api {
+        Api {
+            name,
+            passive,
+            active,
+            passive_descs: Vec::new(),
+            active_descs: Vec::new(),
+        }
+    }
+
+    fn registered(c: &Connector, bufs: Vec<Vec<u8>>) -> Res<Vec<Descriptor>> {
+        bufs.into_iter()
+            .map(|b| {
+                let mut d = Descriptor::new(b).map_err(|e| e.to_string())?;
+                d.register_memory(c).map_err(|e| e.to_string())?;
+                Ok(d)
+            })
+            .collect()
+    }
+}
+
+impl Mover for Api {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn prepare(&mut self, op: Op, block: usize, n: usize) -> Res<()> {
+        let (p, a) = seeds(op);
+        self.passive_descs = Api::registered(&self.passive, blocks(p, block, n))?;
+        self.active_descs = Api::registered(&self.active, blocks(a, block, n))?;
+        Ok(())
+    }
+
+    fn run(&mut self, op: Op) -> Res<Duration> {
+        let e = |e: descriptor_core::Error| e.to_string();
+        let passive = std::mem::take(&mut self.passive_descs);
+        let active = std::mem::take(&mut self.active_descs);
+        // Timed: from the active side's begin_* until its waiter knows the
+        // transfer is complete (the passive side prepares its operation first,
+        // as the raw baseline loads the metadata once, untimed).
+        let (elapsed, p, a) = match op {
+            Op::Read => {
+                let readable = self.passive.create_readable(passive).map_err(e)?;
+                let started = Instant::now();
+                let read = self
+                    .active
+                    .begin_read(readable.metadata(), active)
+                    .map_err(e)?;
+                read.wait().map_err(e)?;
+                let elapsed = started.elapsed();
+                readable.wait().map_err(e)?;
+                (
+                    elapsed,
+                    readable.into_descriptors().ok(),
+                    read.into_descriptors().ok(),
+                )
+            }
+            Op::Write => {
+                let writable = self.passive.create_writable(passive).map_err(e)?;
+                let started = Instant::now();
+                let write = self
+                    .active
+                    .begin_write(active, writable.metadata())
+                    .map_err(e)?;
+                write.wait().map_err(e)?;
+                let elapsed = started.elapsed();
+                writable.wait().map_err(e)?;
+                (
+                    elapsed,
+                    writable.into_descriptors().ok(),
+                    write.into_descriptors().ok(),
+                )
+            }
+        };
+        self.passive_descs = p.ok_or("passive buffers not returned")?;
+        self.active_descs = a.ok_or("active buffers not returned")?;
+        Ok(elapsed)
+    }
+
+    fn verify(&self, _op: Op) -> bool {
+        self.passive_descs
+            .iter()
+            .zip(&self.active_descs)
+            .all(|(p, a)| p.as_slice() == a.as_slice())
+    }
+}
+
+/// A host buffer described to nixl-sys.
+#[derive(Debug)]
+pub(crate) struct Buf(pub(crate) Vec<u8>);
+
+impl MemoryRegion for Buf {
+    unsafe fn as_ptr(&self) -> *const u8 {
+        self.0.as_ptr()
+    }
+    fn size(&self) -> usize {
+        self.0.len()
+    }
+}
+
+impl NixlDescriptor for Buf {
+    fn mem_type(&self) -> MemType {
+        MemType::Dram
+    }
+    fn device_id(&self) -> u64 {
+        0
+    }
+}
+
+/// The same transfer written directly against nixl-sys, as well as we can:
+/// metadata loaded once, one request per transfer, polled with a yield, the
+/// passive agent progressed in the same loop (no progress threads, as ours).
+pub(crate) struct RawNixl {
+    active: Agent,
+    passive: Agent,
+    peer: String,
+    // Registrations before buffers: dropping a handle deregisters.
+    handles: Vec<RegistrationHandle>,
+    passive_bufs: Vec<Buf>,
+    active_bufs: Vec<Buf>,
+}
+
+fn nixl(context: &str) -> impl Fn(nixl_sys::NixlError) -> String + '_ {
+    move |e| format!("{context}: {e}")
+}
+
+impl RawNixl {
+    pub(crate) fn new() -> Res<RawNixl> {
+        backend_nixl::runtime::load().map_err(|e| e.to_string())?;
+        let config = AgentConfig {
+            enable_prog_thread: false,
+            thread_sync: nixl_sys::ThreadSync::Strict,
+            ..AgentConfig::default()
+        };
+        let agent = |name: &str| -> Res<Agent> {
+            let a = Agent::new_configured(name, &config).map_err(nixl("agent"))?;
+            let (_, params) = a.get_plugin_params("UCX").map_err(nixl("params"))?;
+            a.create_backend("UCX", &params).map_err(nixl("backend"))?;
+            Ok(a)
+        };
+        Ok(RawNixl {
+            active: agent("raw-active")?,
+            passive: agent("raw-passive")?,
+            peer: String::new(),
+            handles: Vec::new(),
+            passive_bufs: Vec::new(),
+            active_bufs: Vec::new(),
+        })
+    }
+
+    fn list(bufs: &[Buf]) -> Res<XferDescList<'static>> {
+        let mut list = XferDescList::new(MemType::Dram).map_err(nixl("list"))?;
+        for b in bufs {
+            list.add_desc(b.0.as_ptr() as usize, b.0.len(), 0);
+        }
+        Ok(list)
+    }
+}
+
+impl Mover for RawNixl {
+    fn name(&self) -> &'static str {
+        "nixl-sys-raw"
+    }
+
+    fn prepare(&mut self, op: Op, block: usize, n: usize) -> Res<()> {
+        self.handles.clear();
+        let (p, a) = seeds(op);
+        self.passive_bufs = blocks(p, block, n).into_iter().map(Buf).collect();
+        self.active_bufs = blocks(a, block, n).into_iter().map(Buf).collect();
+        for b in &self.passive_bufs {
+            self.handles.push(
+                self.passive
+                    .register_memory(b, None)
+                    .map_err(nixl("register"))?,
+            );
+        }
+        for b in &self.active_bufs {
+            self.handles.push(
+                self.active
+                    .register_memory(b, None)
+                    .map_err(nixl("register"))?,
+            );
+        }
+        let md = self.passive.get_local_md().map_err(nixl("md"))?;
+        self.peer = self.active.load_remote_md(&md).map_err(nixl("load"))?;
+        Ok(())
+    }
+
+    fn run(&mut self, op: Op) -> Res<Duration> {
+        let started = Instant::now();
+        let local = RawNixl::list(&self.active_bufs)?;
+        let remote = RawNixl::list(&self.passive_bufs)?;
+        let mut args = OptArgs::new().map_err(nixl("args"))?;
+        args.set_notification_message(b"raw-bench")
+            .map_err(nixl("notif"))?;
+        args.set_has_notification(true).map_err(nixl("notif"))?;
+        let xop = match op {
+            Op::Read => XferOp::Read,
+            Op::Write => XferOp::Write,
+        };
+        let req = self
+            .active
+            .create_xfer_req(xop, &local, &remote, &self.peer, Some(&args))
+            .map_err(nixl("create"))?;
+        let mut notifs = NotificationMap::new().map_err(nixl("map"))?;
+        let mut got = 0;
+        if self
+            .active
+            .post_xfer_req(&req, None)
+            .map_err(nixl("post"))?
+        {
+            while self.active.get_xfer_status(&req).map_err(nixl("status"))?
+                == XferStatus::InProgress
+            {
+                // The target must progress too (connection wire-up, notifications).
+                self.passive
+                    .get_notifications(&mut notifs, None)
+                    .map_err(nixl("notifs"))?;
+                got += notifs.len().map_err(nixl("len"))?;
+                std::thread::yield_now();
+            }
+        }
+        let elapsed = started.elapsed();
+        drop(req);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while got == 0 {
+            if Instant::now() > deadline {
+                return Err("raw: no notification".into());
+            }
+            let mut fresh = NotificationMap::new().map_err(nixl("map"))?;
+            self.passive
+                .get_notifications(&mut fresh, None)
+                .map_err(nixl("notifs"))?;
+            got += fresh.len().map_err(nixl("len"))?;
+        }
+        Ok(elapsed)
+    }
+
+    fn verify(&self, _op: Op) -> bool {
+        self.passive_bufs
+            .iter()
+            .zip(&self.active_bufs)
+            .all(|(p, a)| p.0 == a.0)
+    }
+}

@@ -1,0 +1,319 @@
+//! The table, `report.json` and `bandwidth.svg`.
+
+use std::fmt::Write as _;
+
+use crate::extras::Extras;
+
+/// One backend, operation and size.
+pub(crate) struct Row {
+    pub(crate) backend: &'static str,
+    pub(crate) op: &'static str,
+    pub(crate) block_bytes: usize,
+    pub(crate) blocks: usize,
+    pub(crate) gbps: f64,
+    pub(crate) p50_us: f64,
+    pub(crate) p99_us: f64,
+    pub(crate) iterations: usize,
+}
+
+const BACKENDS: [&str; 4] = ["memcpy", "loopback", "nixl", "nixl-sys-raw"];
+
+fn human(bytes: usize) -> String {
+    match bytes {
+        b if b >= 1 << 20 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 => format!("{} KiB", b >> 10),
+        b => format!("{b} B"),
+    }
+}
+
+fn find<'a>(
+    rows: &'a [Row],
+    backend: &str,
+    op: &str,
+    block: usize,
+    blocks: usize,
+) -> Option<&'a Row> {
+    rows.iter().find(|r| {
+        r.backend == backend && r.op == op && r.block_bytes == block && r.blocks == blocks
+    })
+}
+
+/// Configurations in measurement order.
+fn configs(rows: &[Row]) -> Vec<(&'static str, usize, usize)> {
+    let mut out: Vec<(&'static str, usize, usize)> = Vec::new();
+    for r in rows {
+        if !out.contains(&(r.op, r.block_bytes, r.blocks)) {
+            out.push((r.op, r.block_bytes, r.blocks));
+        }
+    }
+    out
+}
+
+pub(crate) fn print(rows: &[Row], extras: &Extras) {
+    println!("\n== bandwidth (GB/s from the median; p50 / p99 in us) ==");
+    println!(
+        "{:<6} {:>8} {:>5} | {:>16} | {:>16} {:>6} | {:>16} {:>6} | {:>16}",
+        "op", "block", "count", "memcpy", "loopback", "xmemc", "nixl", "xraw", "nixl-sys-raw"
+    );
+    let cell = |r: Option<&Row>| {
+        r.map_or_else(
+            || "-".to_owned(),
+            |r| format!("{:6.2} ({:>7.1})", r.gbps, r.p50_us),
+        )
+    };
+    for (op, block, blocks) in configs(rows) {
+        let get = |b| find(rows, b, op, block, blocks);
+        let ratio = |a: Option<&Row>, b: Option<&Row>| match (a, b) {
+            (Some(a), Some(b)) => format!("{:.2}", a.gbps / b.gbps),
+            _ => "-".into(),
+        };
+        println!(
+            "{:<6} {:>8} {:>5} | {:>16} | {:>16} {:>6} | {:>16} {:>6} | {:>16}",
+            op,
+            human(block),
+            blocks,
+            cell(get("memcpy")),
+            cell(get("loopback")),
+            ratio(get("loopback"), get("memcpy")),
+            cell(get("nixl")),
+            ratio(get("nixl"), get("nixl-sys-raw")),
+            cell(get("nixl-sys-raw")),
+        );
+    }
+    println!("\n== other measurements ==");
+    for (name, value, unit) in &extras.items {
+        println!("  {name:<72} {value:>12.2} {unit}");
+    }
+    println!("\n== targets ==");
+    for line in targets(rows, extras) {
+        println!("  {line}");
+    }
+}
+
+fn extra(extras: &Extras, name: &str) -> Option<f64> {
+    extras
+        .items
+        .iter()
+        .find(|(n, _, _)| n == name)
+        .map(|(_, v, _)| *v)
+}
+
+/// The issue's targets, each with the measured value and a verdict.
+fn targets(rows: &[Row], extras: &Extras) -> Vec<String> {
+    let verdict = |ok: bool| if ok { "MET   " } else { "MISSED" };
+    let mut out = Vec::new();
+    let worst = |backend: &str, base: &str, min_block: usize| {
+        configs(rows)
+            .into_iter()
+            .filter(|&(_, block, _)| block >= min_block)
+            .filter_map(|(op, block, blocks)| {
+                let a = find(rows, backend, op, block, blocks)?;
+                let b = find(rows, base, op, block, blocks)?;
+                Some((a.gbps / b.gbps, format!("{op} {blocks} x {}", human(block))))
+            })
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+    };
+    if let Some((r, at)) = worst("loopback", "memcpy", 64 << 10) {
+        out.push(format!(
+            "{} loopback >= 0.90 x memcpy for blocks >= 64 KiB: worst {r:.2} ({at})",
+            verdict(r >= 0.9)
+        ));
+    }
+    if let Some((r, at)) = worst("nixl", "nixl-sys-raw", 0) {
+        out.push(format!(
+            "{} nixl >= 0.95 x nixl-sys-raw at every size: worst {r:.2} ({at})",
+            verdict(r >= 0.95)
+        ));
+    }
+    if let Some(rt) = extra(
+        extras,
+        "loopback: 4 KiB readable+read round trip, one thread",
+    ) {
+        let per_op = rt / 2.0;
+        out.push(format!(
+            "{} loopback 4 KiB per-operation cost <= 2 us (>= 500k ops/s): {per_op:.2} us, {:.0} ops/s",
+            verdict(per_op <= 2.0),
+            1e6 / per_op
+        ));
+    }
+    if let (Some(ours), Some(raw)) = (
+        find(rows, "nixl", "read", 4096, 1).map(|r| r.p50_us),
+        find(rows, "nixl-sys-raw", "read", 4096, 1).map(|r| r.p50_us),
+    ) {
+        let gap = ours - raw;
+        out.push(format!(
+            "{} completion reaches the waiter within 50 us p50 of the backend (nixl 4 KiB read p50 - raw p50): {gap:.1} us",
+            verdict(gap <= 50.0)
+        ));
+    }
+    if let Some(p) = extra(
+        extras,
+        "loopback: 4 KiB post -> passive waiter (other thread) wakes, p50",
+    ) {
+        out.push(format!(
+            "{} loopback notification reaches a blocked passive waiter within 50 us p50: {p:.1} us",
+            verdict(p <= 50.0)
+        ));
+    }
+    for b in ["loopback", "nixl"] {
+        if let Some(cpu) = extra(
+            extras,
+            &format!("{b}: idle pair of connectors, CPU (whole process)"),
+        ) {
+            out.push(format!(
+                "{} {b}: idle connectors <= 1% of a core: {cpu:.2}%",
+                verdict(cpu <= 1.0)
+            ));
+        }
+        let before = extras
+            .items
+            .iter()
+            .find(|(n, _, _)| n.starts_with(&format!("{b}: RSS before")));
+        let after = extras
+            .items
+            .iter()
+            .find(|(n, _, _)| n.starts_with(&format!("{b}: RSS after")));
+        if let (Some((_, before, _)), Some((name, after, _))) = (before, after) {
+            let grew = after - before;
+            out.push(format!(
+                "{} {b}: memory flat ({}): {grew:+.2} MiB",
+                verdict(grew < 8.0),
+                name.trim_start_matches(&format!("{b}: RSS "))
+            ));
+        }
+    }
+    out
+}
+
+fn escape(s: &str) -> String {
+    serde_json::Value::String(s.to_owned()).to_string()
+}
+
+pub(crate) fn json(rows: &[Row], extras: &Extras) -> String {
+    let results: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "backend": r.backend, "op": r.op, "block_bytes": r.block_bytes, "blocks": r.blocks,
+                "gbps": r.gbps, "p50_us": r.p50_us, "p99_us": r.p99_us, "iterations": r.iterations,
+            })
+        })
+        .collect();
+    let other: Vec<serde_json::Value> = extras
+        .items
+        .iter()
+        .map(|(name, value, unit)| serde_json::json!({"name": name, "value": value, "unit": unit}))
+        .collect();
+    let report = serde_json::json!({
+        "results": results,
+        "other": other,
+        "targets": targets(rows, extras),
+        "machine": {"cpus": std::thread::available_parallelism().map_or(0, |n| n.get())},
+    });
+    serde_json::to_string_pretty(&report).unwrap_or_default()
+}
+
+/// Bandwidth against block size (single-block READs), one line per backend.
+pub(crate) fn svg(rows: &[Row]) -> String {
+    let (w, h, left, right, top, bottom) = (760.0, 440.0, 70.0, 150.0, 40.0, 60.0);
+    let points: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.blocks == 1 && r.op == "read")
+        .collect();
+    let xs: Vec<f64> = points
+        .iter()
+        .map(|r| (r.block_bytes as f64).log2())
+        .collect();
+    let (x0, x1) = (
+        xs.iter().copied().fold(f64::INFINITY, f64::min),
+        xs.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+    );
+    let ymax = points.iter().map(|r| r.gbps).fold(1.0, f64::max) * 1.1;
+    let px = |x: f64| left + (x - x0) / (x1 - x0).max(1.0) * (w - left - right);
+    let py = |y: f64| h - bottom - y / ymax * (h - top - bottom);
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">
+<rect width="100%" height="100%" fill="white"/>
+<text x="{}" y="22" text-anchor="middle" font-size="15">READ bandwidth by block size (one block; memcpy is the ceiling)</text>
+<line x1="{left}" y1="{}" x2="{}" y2="{}" stroke="black"/>
+<line x1="{left}" y1="{top}" x2="{left}" y2="{}" stroke="black"/>
+<text x="{}" y="{}" text-anchor="middle">block size</text>
+<text x="18" y="{}" transform="rotate(-90 18 {})" text-anchor="middle">GB/s</text>
+"##,
+        w / 2.0,
+        h - bottom,
+        w - right,
+        h - bottom,
+        h - bottom,
+        (left + w - right) / 2.0,
+        h - 15.0,
+        h / 2.0,
+        h / 2.0
+    );
+    let mut ticks: Vec<usize> = points.iter().map(|r| r.block_bytes).collect();
+    ticks.sort_unstable();
+    ticks.dedup();
+    for b in ticks {
+        let x = px((b as f64).log2());
+        let _ = writeln!(
+            s,
+            r##"<line x1="{x}" y1="{}" x2="{x}" y2="{}" stroke="#ddd"/><text x="{x}" y="{}" text-anchor="middle">{}</text>"##,
+            top,
+            h - bottom,
+            h - bottom + 18.0,
+            human(b)
+        );
+    }
+    for i in 0..=5 {
+        let v = ymax / 5.0 * f64::from(i);
+        let _ = writeln!(
+            s,
+            r##"<text x="{}" y="{}" text-anchor="end">{v:.1}</text>"##,
+            left - 6.0,
+            py(v) + 4.0
+        );
+    }
+    let colors = ["#444444", "#1f77b4", "#d62728", "#2ca02c"];
+    for (i, backend) in BACKENDS.iter().enumerate() {
+        let mut line: Vec<(f64, f64)> = points
+            .iter()
+            .filter(|r| r.backend == *backend)
+            .map(|r| (px((r.block_bytes as f64).log2()), py(r.gbps)))
+            .collect();
+        line.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let path: Vec<String> = line.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
+        let dash = if *backend == "memcpy" {
+            r#" stroke-dasharray="6 4""#
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            s,
+            r##"<polyline points="{}" fill="none" stroke="{}" stroke-width="2"{dash}/>"##,
+            path.join(" "),
+            colors[i]
+        );
+        for (x, y) in &line {
+            let _ = writeln!(
+                s,
+                r##"<circle cx="{x:.1}" cy="{y:.1}" r="3" fill="{}"/>"##,
+                colors[i]
+            );
+        }
+        let ly = top + 20.0 + 20.0 * i as f64;
+        let _ = writeln!(
+            s,
+            r##"<line x1="{}" y1="{ly}" x2="{}" y2="{ly}" stroke="{}" stroke-width="2"{dash}/><text x="{}" y="{}">{}</text>"##,
+            w - right + 10.0,
+            w - right + 35.0,
+            colors[i],
+            w - right + 40.0,
+            ly + 4.0,
+            escape(backend).trim_matches('"')
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
