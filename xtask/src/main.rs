@@ -137,13 +137,7 @@ fn test(root: &Path, args: &[String]) -> Result<(), u8> {
             return Err(1);
         }
     }
-    let runtime = match nixl::ensure_libclang().and_then(|()| nixl::ensure_runtime(root)) {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("xtask test: {e}");
-            return Err(1);
-        }
-    };
+    let runtime = nixl::provision(root, "test")?;
     // NIXL tests run for real: with this set, a missing runtime fails them
     // instead of skipping them.
     let nixl_env = [
@@ -278,6 +272,9 @@ fn demo(root: &Path, args: &[String]) -> Result<(), u8> {
         &backend,
     ]);
     cmd.args(&rest);
+    if backend == "nixl" {
+        cmd.env("NIXL_RUNTIME_DIR", nixl::provision(root, "demo")?.root);
+    }
     if run(root, cmd) { Ok(()) } else { Err(1) }
 }
 
@@ -290,13 +287,7 @@ fn bench(root: &Path, args: &[String]) -> Result<(), u8> {
             return Err(2);
         }
     };
-    let runtime = match nixl::ensure_libclang().and_then(|()| nixl::ensure_runtime(root)) {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("xtask bench: {e}");
-            return Err(1);
-        }
-    };
+    let runtime = nixl::provision(root, "bench")?;
     let out = root.join("target/bench");
     let mut cmd = cargo();
     cmd.args(["run", "--quiet", "--release", "-p", "bench", "--"])

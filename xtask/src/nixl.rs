@@ -141,6 +141,16 @@ pub(crate) fn ensure_runtime(root: &Path) -> Result<Runtime, String> {
     Ok(runtime)
 }
 
+/// libclang and the runtime, or the exit code after saying what is missing.
+pub(crate) fn provision(root: &Path, command: &str) -> Result<Runtime, u8> {
+    ensure_libclang()
+        .and_then(|()| ensure_runtime(root))
+        .map_err(|e| {
+            eprintln!("xtask {command}: {e}");
+            1
+        })
+}
+
 /// Makes sure bindgen can find libclang, installing it with apt where allowed.
 pub(crate) fn ensure_libclang() -> Result<(), String> {
     if std::env::var_os("LIBCLANG_PATH").is_some() || find_libclang().is_some() {
