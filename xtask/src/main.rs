@@ -4,10 +4,12 @@
 //!   with a one-screen summary at the end.
 //! - `demo [--backend NAME] [demo options]`: the main job, in a release build.
 //! - `nixl-runtime`: fetch and unpack the NIXL runtime (idempotent).
+//! - `gpu-bundle`: GPU checks and their NIXL runtime files in one folder.
 //! - `bench [--quick]`: the interleaved benchmark (release build), then the
 //!   criterion micro-benchmarks of the hot paths.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+mod bundle;
 mod nixl;
 
 use std::path::{Path, PathBuf};
@@ -24,6 +26,7 @@ fn main() -> ExitCode {
         Some("test") => test(&root, &args[1..]),
         Some("demo") => demo(&root, &args[1..]),
         Some("bench") => bench(&root, &args[1..]),
+        Some("gpu-bundle") => bundle::gpu_bundle(&root),
         Some("nixl-runtime") => match nixl::ensure_runtime(&root) {
             Ok(runtime) => {
                 println!("{}", runtime.root.display());
@@ -40,6 +43,7 @@ fn main() -> ExitCode {
                  commands:\n  \
                  test                  fmt check, clippy -D warnings, all tests and doc tests, rustdoc -D warnings, demos\n  \
                  bench [--quick]       memcpy / loopback / nixl / raw nixl-sys, interleaved; writes target/bench/\n  \
+                 gpu-bundle            release GPU checks + the NIXL runtime they need in target/gpu-bundle (run.sh)\n  \
                  nixl-runtime          fetch the NIXL runtime ({}) into target/nixl-runtime (idempotent)\n  \
                  demo [--backend NAME] [--blocks N] [--block-size BYTES] [--iterations N]\n                        \
                  move KV-cache-like blocks both ways and report bandwidth (backends: {})",
@@ -64,12 +68,12 @@ fn workspace_root() -> PathBuf {
     manifest.parent().map(Path::to_path_buf).unwrap_or(manifest)
 }
 
-fn cargo() -> Command {
+pub(crate) fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
 }
 
 /// Runs a command in the workspace root, inheriting output; true on success.
-fn run(root: &Path, mut cmd: Command) -> bool {
+pub(crate) fn run(root: &Path, mut cmd: Command) -> bool {
     cmd.current_dir(root);
     eprintln!("$ {}", describe(&cmd));
     match cmd.status() {
@@ -184,9 +188,36 @@ fn test(root: &Path, args: &[String]) -> Result<(), u8> {
         .env("RUSTDOCFLAGS", "-D warnings");
     step("rustdoc -D warnings", doc);
 
-    let mut features = cargo();
-    features.args(["check", "-p", "kv-cache-demo", "--no-default-features"]);
-    step("demo crate, no features", features);
+    // The demo crate is a downstream crate that picks backends and device
+    // probes with features of its own: build and run it with none, each alone,
+    // and all together.
+    for (label, features) in [
+        ("demo crate, no features", ""),
+        ("demo crate, loopback", "loopback"),
+        ("demo crate, nixl", "nixl"),
+        ("demo crate, cuda", "cuda"),
+        ("demo crate, rocm", "rocm"),
+        ("demo crate, all features", "loopback,nixl,cuda,rocm"),
+    ] {
+        let mut demo = cargo();
+        demo.args([
+            "run",
+            "--quiet",
+            "-p",
+            "kv-cache-demo",
+            "--no-default-features",
+            "--features",
+            features,
+        ])
+        .args(["--", "--iterations", "1", "--blocks", "8"])
+        .envs(nixl_env.clone());
+        step(label, demo);
+    }
+
+    let mut gpu = cargo();
+    gpu.args(["run", "--quiet", "-p", "gpu-check"])
+        .envs(nixl_env.clone());
+    step("gpu-check (skips without GPU)", gpu);
 
     for (backend, feature) in BACKENDS {
         let mut demo = cargo();
@@ -214,7 +245,7 @@ fn test(root: &Path, args: &[String]) -> Result<(), u8> {
     println!("\n== cargo xtask test: summary ==");
     for s in &steps {
         println!(
-            "  {:<26} {:<4} {:>7.1} s",
+            "  {:<30} {:<4} {:>7.1} s",
             s.name,
             if s.ok { "ok" } else { "FAIL" },
             s.took.as_secs_f64()

@@ -55,6 +55,7 @@ mod engine;
 mod error;
 mod metadata;
 mod operation;
+mod probe;
 mod remote;
 
 #[cfg(feature = "conformance")]
@@ -78,6 +79,7 @@ pub use operation::{
     Completion, OperationFuture, OperationStatus, ReadOperation, ReadableOperation,
     WritableOperation, WriteOperation,
 };
+pub use probe::{DeviceInfo, DeviceProbe};
 pub use remote::DEFAULT_MAX_IDLE_PEERS;
 
 /// The README's Rust examples, compiled and run as doc tests.

@@ -22,7 +22,7 @@ const USAGE: &str =
 
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
-        backend: "loopback".into(),
+        backend: BACKENDS.first().copied().unwrap_or("loopback").into(),
         blocks: 64,
         block_size: 256 << 10,
         iterations: 5,
@@ -60,6 +60,42 @@ const BACKENDS: &[&str] = &[
     #[cfg(feature = "nixl")]
     "nixl",
 ];
+
+/// Device probes compiled into this build, by the crate's features.
+fn probes() -> Vec<Box<dyn descriptor_core::DeviceProbe>> {
+    vec![
+        #[cfg(feature = "cuda")]
+        Box::new(device_cuda::CudaProbe),
+        #[cfg(feature = "rocm")]
+        Box::new(device_rocm::RocmProbe),
+    ]
+}
+
+fn list_devices() -> Result<(), String> {
+    for probe in probes() {
+        let devices = probe.devices().map_err(|e| e.to_string())?;
+        println!(
+            "{} probe: driver {}, {} device(s)",
+            probe.platform(),
+            if probe.available() {
+                "present"
+            } else {
+                "absent"
+            },
+            devices.len()
+        );
+        for d in devices {
+            println!(
+                "  {} {} ({} MiB, pci {})",
+                d.device,
+                d.name,
+                d.total_memory >> 20,
+                d.pci_bus_id
+            );
+        }
+    }
+    Ok(())
+}
 
 fn connectors(backend: &str) -> Result<(Connector, Connector), String> {
     match backend {
@@ -239,6 +275,16 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Err(e) = list_devices() {
+        eprintln!("kv-cache-demo: {e}");
+        return ExitCode::FAILURE;
+    }
+    if BACKENDS.is_empty() {
+        println!(
+            "kv-cache-demo: built without a backend feature (loopback, nixl): nothing to move"
+        );
+        return ExitCode::SUCCESS;
+    }
     let result = connectors(&args.backend).and_then(|(prefill, decode)| {
         println!(
             "kv-cache-demo: backend {}, {} blocks x {} KiB, {} iterations, checksums verified each time",

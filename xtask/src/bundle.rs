@@ -1,0 +1,163 @@
+//! `cargo xtask gpu-bundle`: one folder (< 60 MiB) with release builds of the GPU
+//! checks and just the NIXL runtime files they load, plus a `run.sh`, for one
+//! run on a GPU machine.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::{cargo, nixl, run};
+
+const LIMIT: u64 = 60 << 20;
+
+fn fail(what: impl std::fmt::Display) -> u8 {
+    eprintln!("xtask gpu-bundle: {what}");
+    1
+}
+
+/// Files under `root` that `file` loads, by `ldd` (RPATHs resolve inside the wheel).
+fn closure(root: &Path, file: &Path, out: &mut BTreeSet<PathBuf>) {
+    let Ok(output) = Command::new("ldd").arg(file).output() else {
+        return;
+    };
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        if let Some(path) = line.split("=> ").nth(1).and_then(|r| r.split(" (").next()) {
+            let path = PathBuf::from(path.trim());
+            if path.starts_with(root) {
+                out.insert(path);
+            }
+        }
+    }
+}
+
+fn copy_into(root: &Path, file: &Path, dest: &Path) -> Result<u64, u8> {
+    let relative = file.strip_prefix(root).map_err(fail)?;
+    let target = dest.join(relative);
+    if let Some(parent) = target.parent() {
+        std::fs::create_dir_all(parent).map_err(fail)?;
+    }
+    std::fs::copy(file, &target).map_err(|e| fail(format!("{}: {e}", file.display())))
+}
+
+pub(crate) fn gpu_bundle(root: &Path) -> Result<(), u8> {
+    let runtime = nixl::provision(root, "gpu-bundle")?;
+    let bundle = root.join("target/gpu-bundle");
+    let _ = std::fs::remove_dir_all(&bundle);
+    std::fs::create_dir_all(bundle.join("tests")).map_err(fail)?;
+    let build_dir = root.join("target/gpu-bundle-build");
+
+    // Release builds without debug info, in their own target folder.
+    let release = |cmd: &mut Command| {
+        cmd.arg("--target-dir")
+            .arg(&build_dir)
+            .env("CARGO_PROFILE_RELEASE_DEBUG", "0")
+            .env("CARGO_PROFILE_RELEASE_STRIP", "symbols");
+    };
+    let mut check = cargo();
+    check.args(["build", "--release", "-p", "gpu-check"]);
+    release(&mut check);
+    if !run(root, check) {
+        return Err(fail("building gpu-check failed"));
+    }
+    let mut tests = cargo();
+    tests.args([
+        "test",
+        "--release",
+        "-p",
+        "device-cuda",
+        "--no-run",
+        "--message-format=json",
+    ]);
+    release(&mut tests);
+    let output = tests.current_dir(root).output().map_err(fail)?;
+    if !output.status.success() {
+        return Err(fail("building the device-cuda tests failed"));
+    }
+    let mut size = std::fs::copy(
+        build_dir.join("release/gpu-check"),
+        bundle.join("gpu-check"),
+    )
+    .map_err(fail)?;
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let Some(exe) = line
+            .split("\"executable\":\"")
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+        else {
+            continue;
+        };
+        let exe = PathBuf::from(exe);
+        let name = exe.file_name().map(|n| {
+            n.to_string_lossy()
+                .split('-')
+                .next()
+                .unwrap_or("test")
+                .to_owned()
+        });
+        let name = format!("device-cuda-{}", name.unwrap_or_default());
+        size += std::fs::copy(&exe, bundle.join("tests").join(name)).map_err(fail)?;
+    }
+
+    // The NIXL runtime: the C API and the UCX plugin, UCX's modules for one
+    // machine (not InfiniBand, not the perftest tools), and everything those load
+    // from the wheel.
+    let libs = runtime.root.join(".nixl_cu12.mesonpy.libs");
+    let mut files: BTreeSet<PathBuf> = [
+        libs.join("libnixl_capi.so"),
+        libs.join("plugins/libplugin_UCX.so"),
+    ]
+    .into();
+    if let Ok(entries) = std::fs::read_dir(runtime.root.join("nixl_cu12.libs/ucx")) {
+        files.extend(entries.flatten().map(|e| e.path()).filter(|p| {
+            // One machine, one GPU: shared memory, CMA and CUDA transports
+            // suffice; the InfiniBand ones would pull in 18 MiB of verbs.
+            let name = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            !["perftest", "_ib", "rdmacm"]
+                .iter()
+                .any(|skip| name.contains(skip))
+        }));
+    }
+    for file in files.clone() {
+        if file.extension().is_some_and(|e| e != "la") {
+            closure(&runtime.root, &file, &mut files);
+        }
+    }
+    for file in &files {
+        size += copy_into(&runtime.root, file, &bundle.join("nixl"))?;
+    }
+    let script = r#"#!/usr/bin/env bash
+# GPU checks for descriptor-core: CUDA probe, VRAM descriptors, NIXL VRAM
+# registration, VRAM->DRAM, DRAM->VRAM and VRAM->VRAM with checksums and GB/s.
+set -u
+here="$(cd "$(dirname "$0")" && pwd)"
+export NIXL_RUNTIME_DIR="$here/nixl"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+status=0
+"$here/gpu-check" --require-gpu || status=1
+for t in "$here"/tests/*; do echo "== $t"; "$t" --test-threads 1 --nocapture || status=1; done
+echo "gpu-bundle: $([ "$status" = 0 ] && echo PASSED || echo FAILED)"
+exit "$status"
+"#;
+    let run_sh = bundle.join("run.sh");
+    std::fs::write(&run_sh, script).map_err(fail)?;
+    let chmod = Command::new("chmod").arg("+x").arg(&run_sh).status();
+    if !chmod.is_ok_and(|s| s.success()) {
+        return Err(fail("cannot make run.sh executable"));
+    }
+    println!(
+        "gpu-bundle: {} ({:.1} MiB, {} runtime files); run it with {}/run.sh",
+        bundle.display(),
+        size as f64 / (1 << 20) as f64,
+        files.len(),
+        bundle.display()
+    );
+    if size > LIMIT {
+        return Err(fail(format!(
+            "the bundle is {size} bytes, over the 60 MiB limit"
+        )));
+    }
+    Ok(())
+}
