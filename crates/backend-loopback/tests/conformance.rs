@@ -102,3 +102,21 @@ fn metadata_round_trips_through_json() {
 fn operations_are_futures() {
     conformance::operations_are_futures(&Loopback::new());
 }
+
+/// 16 x 1,000 by default; 16 x 10,000 with `RELIABILITY_LONG` set
+/// (`cargo xtask test --long`).
+#[test]
+fn sixteen_threads_of_mixed_operations() {
+    let per_thread = if std::env::var_os("RELIABILITY_LONG").is_some() {
+        10_000
+    } else {
+        1_000
+    };
+    let grew = conformance::load(&Loopback::new(), 16, per_thread);
+    eprintln!("loopback load: 16 x {per_thread} operations, resident memory grew {grew} bytes");
+}
+
+#[test]
+fn cancel_and_drop_race_completion_two_thousand_times() {
+    conformance::cancel_and_drop_race_completion(&Loopback::new(), 2000);
+}

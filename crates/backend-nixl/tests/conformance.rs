@@ -42,3 +42,18 @@ suite! {
     metadata_round_trips_through_json => |h| conformance::metadata_round_trips_through_json(h);
     operations_are_futures => |h| conformance::operations_are_futures(h);
 }
+
+#[test]
+fn four_threads_times_a_thousand_mixed_operations() {
+    if runtime_available() {
+        let grew = conformance::load(&Nixl::new(MetadataScope::Agent), 4, 1000);
+        eprintln!("nixl load: 4,000 operations, resident memory grew {grew} bytes");
+    }
+}
+
+#[test]
+fn cancel_and_drop_race_completion_a_thousand_times() {
+    if runtime_available() {
+        conformance::cancel_and_drop_race_completion(&Nixl::new(MetadataScope::Agent), 1000);
+    }
+}

@@ -35,17 +35,18 @@ pub trait Harness: Sync {
     fn delay_next_transfer(&self, name: &str, delay: Duration) -> bool;
 }
 
-/// Deterministic test bytes: a xorshift stream seeded by `seed`.
+/// Deterministic test bytes: a xorshift64 stream seeded by `seed`, eight bytes
+/// a step (little-endian).
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
+    let mut out = Vec::with_capacity(len);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes()[..(len - out.len()).min(8)]);
+    }
+    out
 }
 
 fn descriptors(seed: u64, sizes: &[usize]) -> Vec<Descriptor> {
@@ -561,5 +562,151 @@ pub fn operations_are_futures(h: &dyn Harness) {
             .unwrap();
         write.completion().await.unwrap();
         assert_pattern(&writable.await.unwrap(), 91, "awaited writable");
+    });
+}
+
+/// Resident memory of this process in bytes (Linux; 0 elsewhere).
+pub fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4096)
+}
+
+/// `threads` threads each run `per_thread` operations of mixed sizes and both
+/// directions against one peer, verifying every byte; the peer cache ends empty.
+/// Returns the growth of resident memory over the run, in bytes.
+pub fn load(h: &dyn Harness, threads: usize, per_thread: usize) -> i64 {
+    const SIZES: [usize; 5] = [64, 4096, 65536, 4097, 256 << 10];
+    let server = h.connector("load-server");
+    let client = h.connector("load-client");
+    let before = rss_bytes() as i64;
+    std::thread::scope(|scope| {
+        for t in 0..threads {
+            let (server, client) = (server.clone(), client.clone());
+            scope.spawn(move || {
+                for i in 0..per_thread {
+                    let size = SIZES[(t + i) % SIZES.len()];
+                    let seed = 10_000 + (t * per_thread + i) as u64;
+                    if i % 2 == 0 {
+                        let readable = server.create_readable(descriptors(seed, &[size])).unwrap();
+                        let read = client
+                            .begin_read(readable.metadata(), zeroed(&[size]))
+                            .unwrap();
+                        read.wait_timeout(WAIT).unwrap();
+                        readable.wait_timeout(WAIT).unwrap();
+                        assert_pattern(&read.into_descriptors().unwrap(), seed, "load read");
+                    } else {
+                        let writable = server.create_writable(zeroed(&[size])).unwrap();
+                        let write = client
+                            .begin_write(descriptors(seed, &[size]), writable.metadata())
+                            .unwrap();
+                        write.wait_timeout(WAIT).unwrap();
+                        writable.wait_timeout(WAIT).unwrap();
+                        assert_pattern(&writable.into_descriptors().unwrap(), seed, "load write");
+                    }
+                }
+            });
+        }
+    });
+    assert_eq!(client.remote_agent_count(), 0);
+    assert!(client.idle_remote_agent_count() <= 1);
+    rss_bytes() as i64 - before
+}
+
+/// Cancelling or dropping an operation while its transfer completes, `rounds`
+/// times: the status always agrees with the bytes (all moved or none), the
+/// buffers come back only once the backend let go, and nothing is left loaded.
+pub fn cancel_and_drop_race_completion(h: &dyn Harness, rounds: usize) {
+    let server = h.connector("race-server");
+    let client = h.connector("race-client");
+    let size = 16 << 10;
+    for round in 0..rounds {
+        let seed = 50_000 + round as u64;
+        // Delays of 0..50 us put the cancel before, during or after the copy.
+        h.delay_next_transfer(
+            "race-client",
+            Duration::from_micros((round % 6) as u64 * 10),
+        );
+        let writable = server.create_writable(zeroed(&[size])).unwrap();
+        let write = client
+            .begin_write(descriptors(seed, &[size]), writable.metadata())
+            .unwrap();
+        if round % 3 == 1 {
+            std::thread::yield_now();
+        }
+        let dropped = round % 2 == 0;
+        if dropped {
+            drop(write);
+        } else {
+            write.cancel();
+            match write.wait_timeout(WAIT) {
+                Ok(()) => assert_eq!(write.status(), OperationStatus::Complete),
+                Err(Error::Cancelled) => assert_eq!(write.status(), OperationStatus::Cancelled),
+                other => panic!("round {round}: cancel gave {other:?}"),
+            }
+            let mut write = write;
+            let deadline = std::time::Instant::now() + WAIT;
+            let source = loop {
+                match write.into_descriptors() {
+                    Ok(d) => break d,
+                    Err(op) => {
+                        assert!(
+                            std::time::Instant::now() < deadline,
+                            "round {round}: buffers never returned"
+                        );
+                        write = op;
+                        std::thread::sleep(Duration::from_micros(100));
+                    }
+                }
+            };
+            assert_pattern(&source, seed, "source after a cancel race");
+        }
+        // The target holds either none or all of the bytes, never a part. A
+        // backend that cannot revoke lets the transfer finish (it cannot abort
+        // either), so there the writable completes; were it cancelled unfinished,
+        // its buffers would be leaked by design and could not be inspected.
+        let enforced = server.backend().revocation_enforced();
+        let patience = if enforced {
+            Duration::from_millis(5)
+        } else {
+            WAIT
+        };
+        let landed = writable.wait_timeout(patience).is_ok();
+        if !landed && !enforced {
+            panic!("round {round}: a transfer NIXL could not abort never completed");
+        }
+        writable.cancel();
+        let mut writable = writable;
+        let deadline = std::time::Instant::now() + WAIT;
+        let target = loop {
+            match writable.into_descriptors() {
+                Ok(d) => break d,
+                Err(op) => {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "round {round}: target never returned"
+                    );
+                    writable = op;
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+            }
+        };
+        let bytes = target[0].as_slice().unwrap();
+        let all_new = bytes == pattern(seed, size).as_slice();
+        let all_old = bytes.iter().all(|&b| b == 0);
+        assert!(
+            all_new || all_old,
+            "round {round}: a partial transfer is visible"
+        );
+        if landed {
+            assert!(
+                all_new,
+                "round {round}: completion notified but bytes missing"
+            );
+        }
+    }
+    eventually("every raced operation released its peer", || {
+        client.remote_agent_count() == 0
     });
 }

@@ -16,6 +16,8 @@ use std::time::Duration;
 use crate::backend::RegistrationBackend;
 use crate::operation::state::{OpShared, Outcome};
 
+/// How long dropping the last connector waits for its engine thread.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
 /// Longest sleep between polls of a polled backend: at ~1 us a poll, in-flight
 /// work then costs about 1% of a core, and a completion is seen at most this late
 /// (a waiting thread polls on its own, see `OpShared::wait`).
@@ -41,7 +43,7 @@ struct Work {
     passive: HashMap<Box<[u8]>, Arc<OpShared>>,
     events: bool,
     shutdown: bool,
-    running: bool,
+    thread: Option<thread::JoinHandle<()>>,
 }
 
 impl Engine {
@@ -108,13 +110,37 @@ impl Engine {
         self.lock().passive.remove(key);
     }
 
+    /// Stops the engine thread and waits (up to [`SHUTDOWN_WAIT`]) for it to
+    /// finish: a thread still calling into the backend while the process exits
+    /// would race the backend library's own teardown (seen with NIXL: a
+    /// segfault at exit). Draining transfers are finished first; if they take
+    /// longer, the thread is left to finish them on its own.
     pub(crate) fn shutdown(&self) {
-        self.lock().shutdown = true;
+        let handle = {
+            let mut work = self.lock();
+            work.shutdown = true;
+            work.thread.take()
+        };
         self.wake.notify_all();
+        let Some(handle) = handle else {
+            return;
+        };
+        if handle.thread().id() == thread::current().id() {
+            return;
+        }
+        let deadline = std::time::Instant::now() + SHUTDOWN_WAIT;
+        while !handle.is_finished() {
+            if std::time::Instant::now() >= deadline {
+                tracing::warn!(agent = %self.name, "progress engine still draining transfers; not waiting for it");
+                return;
+            }
+            thread::sleep(Duration::from_micros(200));
+        }
+        let _ = handle.join();
     }
 
     fn ensure_running(self: &Arc<Self>, work: &mut Work) {
-        if work.running {
+        if work.thread.is_some() || work.shutdown {
             return;
         }
         let engine = Arc::clone(self);
@@ -122,7 +148,7 @@ impl Engine {
             .name(format!("progress-{}", self.name))
             .spawn(move || engine.run());
         match spawned {
-            Ok(_) => work.running = true,
+            Ok(handle) => work.thread = Some(handle),
             // Waiters then time out or wait on; the next operation tries again.
             Err(error) => tracing::error!(%error, "cannot start the progress engine thread"),
         }

@@ -1,0 +1,166 @@
+//! Forged metadata against live passive operations on real NIXL: each forgery
+//! NIXL can detect is an error and the process survives; what NIXL cannot
+//! enforce is pinned down here so the README's account stays true.
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+mod common;
+
+use backend_nixl::MetadataScope;
+use common::{Nixl, runtime_available};
+use descriptor_core::conformance::{Harness, pattern};
+use descriptor_core::{Descriptor, Error, OperationKind, RdmaMetadata, SerializedDescriptor};
+use std::time::Duration;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn forge(
+    meta: &RdmaMetadata,
+    kind: OperationKind,
+    descriptors: Vec<SerializedDescriptor>,
+) -> RdmaMetadata {
+    RdmaMetadata::new(
+        kind,
+        descriptors,
+        meta.agent_metadata().to_vec(),
+        meta.notification_key().to_owned(),
+    )
+    .unwrap()
+}
+
+fn shifted(meta: &RdmaMetadata, by: u64, size: u64) -> Vec<SerializedDescriptor> {
+    let d = meta.descriptors()[0];
+    vec![SerializedDescriptor {
+        ptr: d.ptr + by,
+        size,
+        ..d
+    }]
+}
+
+fn zeroed(n: usize) -> Vec<Descriptor> {
+    vec![Descriptor::new(vec![0u8; n]).unwrap()]
+}
+
+fn filled(seed: u64, n: usize) -> Vec<Descriptor> {
+    vec![Descriptor::new(pattern(seed, n)).unwrap()]
+}
+
+fn assert_refused<T: std::fmt::Debug>(result: Result<T, Error>) {
+    match result {
+        Err(Error::AccessDenied { .. } | Error::Backend { .. }) => {}
+        other => panic!("NIXL accepted a forged transfer: {other:?}"),
+    }
+}
+
+#[test]
+fn ranges_outside_the_exposed_regions_are_refused_and_nothing_is_written() {
+    if !runtime_available() {
+        return;
+    }
+    for scope in [MetadataScope::Agent, MetadataScope::Exposed] {
+        let h = Nixl::new(scope);
+        let (server, client) = (h.connector("server"), h.connector("client"));
+        let writable = server.create_writable(zeroed(4096)).unwrap();
+        let meta = writable.metadata();
+        assert_refused(client.begin_write(
+            filled(1, 4096),
+            &forge(meta, OperationKind::Write, shifted(meta, 1, 4096)),
+        ));
+        assert_refused(client.begin_write(
+            filled(2, 8192),
+            &forge(meta, OperationKind::Write, shifted(meta, 0, 8192)),
+        ));
+        assert_refused(client.begin_write(
+            filled(3, 64),
+            &forge(meta, OperationKind::Write, shifted(meta, 1 << 30, 64)),
+        ));
+        // The server is untouched and still serves an honest peer.
+        let write = client.begin_write(filled(4, 4096), meta).unwrap();
+        write.wait_timeout(WAIT).unwrap();
+        writable.wait_timeout(WAIT).unwrap();
+        assert_eq!(
+            writable.into_descriptors().unwrap()[0].as_slice().unwrap(),
+            pattern(4, 4096).as_slice()
+        );
+    }
+}
+
+#[test]
+fn garbage_agent_metadata_is_an_error_not_a_crash() {
+    if !runtime_available() {
+        return;
+    }
+    let h = Nixl::new(MetadataScope::Agent);
+    let (server, client) = (h.connector("server"), h.connector("client"));
+    let readable = server.create_readable(filled(5, 64)).unwrap();
+    let meta = readable.metadata();
+    for blob in [
+        b"not nixl metadata".to_vec(),
+        meta.agent_metadata()[..meta.agent_metadata().len() / 2].to_vec(),
+        vec![0xff; 4096],
+    ] {
+        let garbage = RdmaMetadata::new(
+            OperationKind::Read,
+            meta.descriptors().to_vec(),
+            blob,
+            meta.notification_key().into(),
+        )
+        .unwrap();
+        assert_refused(client.begin_read(&garbage, zeroed(64)));
+    }
+    assert_eq!(client.remote_agent_count(), 0);
+}
+
+#[test]
+fn scoped_metadata_keeps_a_peer_out_of_another_operations_memory() {
+    if !runtime_available() {
+        return;
+    }
+    let h = Nixl::new(MetadataScope::Exposed);
+    let (server, client) = (h.connector("server"), h.connector("client"));
+    let mine = server.create_writable(zeroed(4096)).unwrap();
+    let other = server.create_writable(zeroed(4096)).unwrap();
+    let forged = forge(
+        mine.metadata(),
+        OperationKind::Write,
+        other.metadata().descriptors().to_vec(),
+    );
+    assert_refused(client.begin_write(filled(6, 4096), &forged));
+    other.cancel();
+    mine.cancel();
+}
+
+/// NIXL has no per-operation scoping with Dynamo's full agent metadata, and no
+/// access modes at all: these pass through. The README says so.
+#[test]
+fn what_nixl_does_not_enforce() {
+    if !runtime_available() {
+        return;
+    }
+    let h = Nixl::new(MetadataScope::Agent);
+    let (server, client) = (h.connector("server"), h.connector("client"));
+    // Another operation's region (registered before this one's metadata was
+    // made), through this operation's full agent metadata.
+    let other = server.create_writable(zeroed(4096)).unwrap();
+    let mine = server.create_writable(zeroed(4096)).unwrap();
+    let forged = forge(
+        mine.metadata(),
+        OperationKind::Write,
+        other.metadata().descriptors().to_vec(),
+    );
+    let write = client.begin_write(filled(7, 4096), &forged).unwrap();
+    write.wait_timeout(WAIT).unwrap();
+    // A readable's memory written by flipping the operation kind.
+    let readable = server.create_readable(filled(8, 4096)).unwrap();
+    let flipped = forge(
+        readable.metadata(),
+        OperationKind::Write,
+        readable.metadata().descriptors().to_vec(),
+    );
+    let write = client.begin_write(filled(9, 4096), &flipped).unwrap();
+    write.wait_timeout(WAIT).unwrap();
+    readable.wait_timeout(WAIT).unwrap();
+    assert_eq!(
+        readable.into_descriptors().unwrap()[0].as_slice().unwrap(),
+        pattern(9, 4096).as_slice()
+    );
+}
