@@ -41,7 +41,7 @@ fn main() -> ExitCode {
             eprintln!(
                 "usage: cargo xtask <command>\n\n\
                  commands:\n  \
-                 test                  fmt check, clippy -D warnings, all tests and doc tests, rustdoc -D warnings, demos\n  \
+                 test [--long]         fmt check, clippy -D warnings, all tests and doc tests, rustdoc -D warnings, demos\n  \
                  bench [--quick]       memcpy / loopback / nixl / raw nixl-sys, interleaved; writes target/bench/\n  \
                  gpu-bundle            release GPU checks + the NIXL runtime they need in target/gpu-bundle (run.sh)\n  \
                  nixl-runtime          fetch the NIXL runtime ({}) into target/nixl-runtime (idempotent)\n  \
@@ -131,10 +131,16 @@ struct Step {
 }
 
 fn test(root: &Path, args: &[String]) -> Result<(), u8> {
-    if let Some(extra) = args.first() {
-        eprintln!("xtask test: unknown option {extra:?}");
-        return Err(2);
-    }
+    let long = match args {
+        [] => false,
+        [l] if l == "--long" => true,
+        _ => {
+            eprintln!(
+                "usage: cargo xtask test [--long]   (--long: 16 x 10,000 loopback operations, 1 GiB kill tests)"
+            );
+            return Err(2);
+        }
+    };
     for (sub, component) in [("fmt", "rustfmt"), ("clippy", "clippy")] {
         if let Err(e) = ensure_component(sub, component) {
             eprintln!("xtask test: {e}");
@@ -181,6 +187,9 @@ fn test(root: &Path, args: &[String]) -> Result<(), u8> {
     tests
         .args(["test", "--workspace", "--all-features"])
         .envs(nixl_env.clone());
+    if long {
+        tests.env("RELIABILITY_LONG", "1");
+    }
     step("tests + doc tests", tests);
 
     let mut doc = cargo();
