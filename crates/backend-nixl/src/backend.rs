@@ -185,6 +185,8 @@ struct Region {
 struct Transfer {
     request: XferRequest,
     finished: Option<TransferState>,
+    /// Why the post itself failed, reported once NIXL says the request is idle.
+    post_error: Option<String>,
 }
 
 /// A registered range as nixl-sys wants to see it.
@@ -483,16 +485,24 @@ impl RegistrationBackend for NixlBackend {
                 },
                 e => nixl_error(context(), e),
             })?;
-        let in_progress = self
-            .agent
-            .post_xfer_req(&xfer, None)
-            .map_err(|e| nixl_error(format!("post {}", context()), e))?;
+        // A failed post may have started some of its work (a peer dying mid-copy
+        // fails it halfway), so the request is kept like a running one: it is
+        // reported failed, and released only once NIXL says it is not running.
+        let (finished, post_error) = match self.agent.post_xfer_req(&xfer, None) {
+            Ok(true) => (None, None),
+            Ok(false) => (Some(TransferState::Done), None),
+            Err(e) => (
+                None,
+                Some(format!("post {} failed: {e} ({e:?})", context())),
+            ),
+        };
         let id = self.id();
         lock(&self.transfers).insert(
             id,
             Transfer {
                 request: xfer,
-                finished: (!in_progress).then_some(TransferState::Done),
+                finished,
+                post_error,
             },
         );
         Ok(TransferId(id))
@@ -506,10 +516,11 @@ impl RegistrationBackend for NixlBackend {
         if let Some(state) = &t.finished {
             return state.clone();
         }
-        let state = match self.agent.get_xfer_status(&t.request) {
-            Ok(XferStatus::InProgress) => return TransferState::InProgress,
-            Ok(XferStatus::Success) => TransferState::Done,
-            Err(e) => TransferState::Failed(format!("NIXL reported {e} ({e:?})")),
+        let state = match (self.agent.get_xfer_status(&t.request), &t.post_error) {
+            (Ok(XferStatus::InProgress), _) => return TransferState::InProgress,
+            (_, Some(post_error)) => TransferState::Failed(post_error.clone()),
+            (Ok(XferStatus::Success), None) => TransferState::Done,
+            (Err(e), None) => TransferState::Failed(format!("NIXL reported {e} ({e:?})")),
         };
         t.finished = Some(state.clone());
         state

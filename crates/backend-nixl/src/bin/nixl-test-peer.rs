@@ -1,8 +1,11 @@
-//! The passive side of the two-process tests: exposes blocks over NIXL from
-//! its own OS process, prints the RdmaMetadata as one JSON line, waits for the
-//! peer's notification, then prints the CRC-32 of its blocks.
+//! The other OS process of the NIXL tests.
 //!
-//! `nixl-test-peer readable|writable BLOCKS BLOCK_SIZE [SEED]`
+//! - `readable|writable BLOCKS BLOCK_SIZE [SEED]`: exposes blocks, prints the
+//!   RdmaMetadata as one JSON line, waits for the peer's notification, then
+//!   prints the CRC-32 of its blocks.
+//! - `reader|writer [SEED]`: reads RdmaMetadata from stdin, prints
+//!   `{"started":true}` once its READ/WRITE is posted, waits, then prints the
+//!   CRC-32 of its blocks.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::process::ExitCode;
@@ -23,7 +26,69 @@ fn fill(seed: u64, len: usize) -> Vec<u8> {
     out
 }
 
+fn crc_line(descriptors: &[Descriptor]) -> String {
+    let mut crc = flate2::Crc::new();
+    for d in descriptors {
+        crc.update(d.as_slice().unwrap_or_default());
+    }
+    format!("{{\"crc32\":{},\"bytes\":{}}}", crc.sum(), crc.amount())
+}
+
+/// The active side: a READ or WRITE against metadata read from stdin.
+fn active(mode: &str, seed: u64) -> Result<(), String> {
+    let err = |e: descriptor_core::Error| e.to_string();
+    let mut line = String::new();
+    std::io::stdin()
+        .read_line(&mut line)
+        .map_err(|e| e.to_string())?;
+    let metadata: descriptor_core::RdmaMetadata = line.trim().parse().map_err(err)?;
+    let connector = Connector::new(
+        NixlBackend::new(&format!("peer-{mode}-{}", std::process::id())).map_err(err)?,
+    );
+    let sizes: Vec<usize> = metadata
+        .descriptors()
+        .iter()
+        .map(|d| d.size as usize)
+        .collect();
+    let wait = Duration::from_secs(120);
+    let descriptors = if mode == "reader" {
+        let local = sizes
+            .iter()
+            .map(|&n| Descriptor::new(vec![0u8; n]))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(err)?;
+        let op = connector.begin_read(&metadata, local).map_err(err)?;
+        println!("{{\"started\":true}}");
+        op.wait_timeout(wait).map_err(err)?;
+        op.into_descriptors()
+            .map_err(|op| format!("not released: {op:?}"))?
+    } else {
+        let local = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| Descriptor::new(fill(seed + i as u64, n)))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(err)?;
+        let op = connector.begin_write(local, &metadata).map_err(err)?;
+        println!("{{\"started\":true}}");
+        op.wait_timeout(wait).map_err(err)?;
+        op.into_descriptors()
+            .map_err(|op| format!("not released: {op:?}"))?
+    };
+    println!("{}", crc_line(&descriptors));
+    Ok(())
+}
+
 fn run(args: &[String]) -> Result<(), String> {
+    if let [mode, rest @ ..] = args
+        && (mode == "reader" || mode == "writer")
+    {
+        let seed = rest
+            .first()
+            .map(|s| s.parse::<u64>().map_err(|e| e.to_string()))
+            .transpose()?;
+        return active(mode, seed.unwrap_or(1));
+    }
     let [mode, blocks, size, rest @ ..] = args else {
         return Err("usage: nixl-test-peer readable|writable BLOCKS BLOCK_SIZE [SEED]".into());
     };
@@ -56,11 +121,7 @@ fn run(args: &[String]) -> Result<(), String> {
         "writable" => serve!(connector.create_writable(descriptors)),
         other => return Err(format!("unknown mode {other:?}")),
     };
-    let mut crc = flate2::Crc::new();
-    for d in &descriptors {
-        crc.update(d.as_slice().unwrap_or_default());
-    }
-    println!("{{\"crc32\":{},\"bytes\":{}}}", crc.sum(), crc.amount());
+    println!("{}", crc_line(&descriptors));
     Ok(())
 }
 

@@ -120,6 +120,12 @@ impl Peer {
         stdin.flush().unwrap();
     }
 
+    /// Kills the process now (SIGKILL) and reaps it.
+    pub(crate) fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Waits for a clean exit.
     pub(crate) fn finish(mut self) {
         drop(self.stdin.take());
