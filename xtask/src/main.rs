@@ -4,12 +4,14 @@
 //!   with a one-screen summary at the end.
 //! - `demo [--backend NAME] [demo options]`: the main job, in a release build.
 //! - `nixl-runtime`: fetch and unpack the NIXL runtime (idempotent).
+//! - `fuzz [--seconds N]`: coverage-guided fuzzing of the untrusted-input parsers.
 //! - `gpu-bundle`: GPU checks and their NIXL runtime files in one folder.
 //! - `bench [--quick]`: the interleaved benchmark (release build), then the
 //!   criterion micro-benchmarks of the hot paths.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod bundle;
+mod fuzz;
 mod nixl;
 
 use std::path::{Path, PathBuf};
@@ -27,6 +29,7 @@ fn main() -> ExitCode {
         Some("demo") => demo(&root, &args[1..]),
         Some("bench") => bench(&root, &args[1..]),
         Some("gpu-bundle") => bundle::gpu_bundle(&root),
+        Some("fuzz") => fuzz::fuzz(&root, &args[1..]),
         Some("nixl-runtime") => match nixl::ensure_runtime(&root) {
             Ok(runtime) => {
                 println!("{}", runtime.root.display());
@@ -43,6 +46,7 @@ fn main() -> ExitCode {
                  commands:\n  \
                  test [--long]         fmt check, clippy -D warnings, all tests and doc tests, rustdoc -D warnings, demos\n  \
                  bench [--quick]       memcpy / loopback / nixl / raw nixl-sys, interleaved; writes target/bench/\n  \
+                 fuzz [--seconds N]    libFuzzer on the metadata, agent-blob and device parsers (default 60 s each)\n  \
                  gpu-bundle            release GPU checks + the NIXL runtime they need in target/gpu-bundle (run.sh)\n  \
                  nixl-runtime          fetch the NIXL runtime ({}) into target/nixl-runtime (idempotent)\n  \
                  demo [--backend NAME] [--blocks N] [--block-size BYTES] [--iterations N]\n                        \
@@ -191,6 +195,20 @@ fn test(root: &Path, args: &[String]) -> Result<(), u8> {
         tests.env("RELIABILITY_LONG", "1");
     }
     step("tests + doc tests", tests);
+
+    // A short coverage-guided fuzz pass over the parsers of untrusted input.
+    let mut fuzz = cargo();
+    fuzz.args([
+        "run",
+        "--quiet",
+        "-p",
+        "xtask",
+        "--",
+        "fuzz",
+        "--seconds",
+        "10",
+    ]);
+    step("fuzz, 10 s per parser", fuzz);
 
     let mut doc = cargo();
     doc.args(["doc", "--workspace", "--no-deps", "--all-features"])

@@ -340,6 +340,7 @@ impl RegistrationBackend for LoopbackBackend {
         let mut local = lock(&self.local);
         local.by_id.insert(id, (*region, writable));
         local.by_addr.insert((region.addr, id.0), (end, writable));
+        self.agent.regions.fetch_add(1, Ordering::Relaxed);
         Ok(id)
     }
 
@@ -352,7 +353,9 @@ impl RegistrationBackend for LoopbackBackend {
             }
             removed
         };
-        if removed.is_none() {
+        if removed.is_some() {
+            self.agent.regions.fetch_sub(1, Ordering::Relaxed);
+        } else {
             return Err(Error::Backend {
                 backend: NAME,
                 context: "deregister".into(),

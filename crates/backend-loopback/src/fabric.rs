@@ -72,6 +72,19 @@ impl Fabric {
         names
     }
 
+    /// How many regions the agent named `name` has registered right now, and
+    /// how many exposures it has live: both return to zero once its operations
+    /// and descriptors are gone. `None` if no such agent is on the fabric.
+    pub fn usage(&self, name: &str) -> Option<(usize, usize)> {
+        let agent = self.find(name)?;
+        let grants = agent
+            .grants
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len();
+        Some((agent.regions.load(Ordering::Relaxed), grants))
+    }
+
     /// Makes an agent vanish as if its process died: it leaves the fabric, every
     /// exposure it made is revoked, its pending notifications are lost, and its own
     /// transfers fail from now on. Returns false if no such agent is on the fabric.
@@ -121,6 +134,8 @@ pub(crate) struct Agent {
     pub(crate) id: u64,
     pub(crate) name: String,
     pub(crate) vanished: AtomicBool,
+    /// Regions registered right now (for leak checks).
+    pub(crate) regions: std::sync::atomic::AtomicUsize,
     /// Live exposures, by exposure id.
     pub(crate) grants: RwLock<HashMap<u64, Arc<Grant>>>,
     /// Peers loaded from metadata: which of their exposures this agent was given.
@@ -136,6 +151,7 @@ impl Agent {
             id: next_id(),
             name: name.to_owned(),
             vanished: AtomicBool::new(false),
+            regions: std::sync::atomic::AtomicUsize::new(0),
             grants: RwLock::new(HashMap::new()),
             loaded: Mutex::new(HashMap::new()),
             inbox: Mutex::new(Vec::new()),

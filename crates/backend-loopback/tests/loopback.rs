@@ -450,3 +450,66 @@ fn zero_idle_peers_unloads_at_the_last_operation() {
         (0, 0)
     );
 }
+
+#[test]
+fn faults_leave_no_registration_exposure_or_peer_behind() {
+    let (fabric, server, client, faults) = pair();
+    // A failed, a slow (cancelled), a notification-less and a dropped transfer.
+    {
+        let writable = server.create_writable(zeroed(4096)).unwrap();
+        faults.fail_next_transfer("injected");
+        let failed = client
+            .begin_write(filled(30, 4096), writable.metadata())
+            .unwrap();
+        assert!(matches!(
+            failed.wait_timeout(LONG),
+            Err(Error::TransferFailed(_))
+        ));
+        faults.delay_next_transfer(Duration::from_millis(100));
+        let slow = client
+            .begin_write(filled(31, 4096), writable.metadata())
+            .unwrap();
+        slow.cancel();
+        faults.drop_next_notification();
+        let silent = client
+            .begin_write(filled(32, 4096), writable.metadata())
+            .unwrap();
+        silent.wait_timeout(LONG).unwrap();
+        assert!(matches!(
+            writable.wait_timeout(SHORT),
+            Err(Error::TimedOut(_))
+        ));
+        faults.delay_next_transfer(Duration::from_millis(50));
+        let dropped = client
+            .begin_write(filled(33, 4096), writable.metadata())
+            .unwrap();
+        drop(dropped);
+        assert!(
+            fabric.usage("server").unwrap().0 > 0,
+            "while alive, things are registered"
+        );
+    }
+    assert_eq!(
+        fabric.usage("server"),
+        Some((0, 0)),
+        "server: registrations, exposures"
+    );
+    assert_eq!(
+        fabric.usage("client"),
+        Some((0, 0)),
+        "client: registrations, exposures"
+    );
+    assert_eq!(client.remote_agent_count(), 0);
+    client.unload_idle_remote_agents();
+    assert_eq!(client.idle_remote_agent_count(), 0);
+    // And the connectors still work.
+    let readable = server.create_readable(filled(34, 4096)).unwrap();
+    let read = client
+        .begin_read(readable.metadata(), zeroed(4096))
+        .unwrap();
+    read.wait_timeout(LONG).unwrap();
+    assert_eq!(
+        read.into_descriptors().unwrap()[0].as_slice().unwrap(),
+        pattern(34, 4096).as_slice()
+    );
+}
