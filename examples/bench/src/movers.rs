@@ -39,17 +39,7 @@ pub(crate) trait Mover {
     fn verify(&self, op: Op) -> bool;
 }
 
-pub(crate) fn fill(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(len);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes()[..(len - out.len()).min(8)]);
-    }
-    out
-}
+pub(crate) use descriptor_core::conformance::pattern as fill;
 
 fn blocks(fill_seed: Option<u64>, block: usize, blocks: usize) -> Vec<Vec<u8>> {
     (0..blocks)

@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use backend_loopback::{Fabric, LoopbackBackend};
 use backend_nixl::NixlBackend;
+use descriptor_core::conformance::pattern;
 use descriptor_core::{Connector, Descriptor, Device, DeviceProbe, Error};
 use device_cuda::{CudaBuffer, CudaProbe};
 
@@ -17,18 +18,6 @@ type Res<T> = Result<T, String>;
 
 const SIZE: usize = 64 << 20;
 const ITERATIONS: usize = 5;
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(len);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes()[..(len - out.len()).min(8)]);
-    }
-    out
-}
 
 fn crc(bytes: &[u8]) -> u32 {
     let mut c = flate2::Crc::new();

@@ -14,6 +14,8 @@ use std::time::Duration;
 use backend_nixl::NixlBackend;
 use descriptor_core::{Connector, Descriptor};
 
+/// The same bytes as `descriptor_core::conformance::pattern` (which this
+/// published binary cannot depend on: it sits behind a test-only feature).
 fn fill(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut out = Vec::with_capacity(len);
