@@ -5,10 +5,9 @@
 use std::time::Duration;
 
 use backend_loopback::{Fabric, FaultInjector, LoopbackBackend};
-use descriptor_core::conformance::pattern;
+use descriptor_core::conformance::{filled, forge, pattern, shifted, zeroed_one as zeroed};
 use descriptor_core::{
     Connector, Descriptor, Device, Error, OperationKind, OperationStatus, RdmaMetadata,
-    SerializedDescriptor,
 };
 
 const SHORT: Duration = Duration::from_millis(150);
@@ -25,38 +24,6 @@ fn pair() -> (Fabric, Connector, Connector, FaultInjector) {
     let (server, _) = connector(&fabric, "server");
     let (client, faults) = connector(&fabric, "client");
     (fabric, server, client, faults)
-}
-
-fn zeroed(len: usize) -> Vec<Descriptor> {
-    vec![Descriptor::new(vec![0u8; len]).unwrap()]
-}
-
-fn filled(seed: u64, len: usize) -> Vec<Descriptor> {
-    vec![Descriptor::new(pattern(seed, len)).unwrap()]
-}
-
-/// Metadata like `meta` but with other descriptors or kind: what a hostile peer sends.
-fn forge(
-    meta: &RdmaMetadata,
-    kind: OperationKind,
-    descriptors: Vec<SerializedDescriptor>,
-) -> RdmaMetadata {
-    RdmaMetadata::new(
-        kind,
-        descriptors,
-        meta.agent_metadata().to_vec(),
-        meta.notification_key().to_owned(),
-    )
-    .unwrap()
-}
-
-fn shifted(meta: &RdmaMetadata, by: u64, size: u64) -> Vec<SerializedDescriptor> {
-    let d = meta.descriptors()[0];
-    vec![SerializedDescriptor {
-        ptr: d.ptr + by,
-        size,
-        ..d
-    }]
 }
 
 fn assert_untouched(writable: descriptor_core::WritableOperation) {

@@ -7,42 +7,13 @@ mod common;
 
 use backend_nixl::MetadataScope;
 use common::{Nixl, runtime_available};
-use descriptor_core::conformance::{Harness, pattern};
-use descriptor_core::{Descriptor, Error, OperationKind, RdmaMetadata, SerializedDescriptor};
+use descriptor_core::conformance::{
+    Harness, filled, forge, pattern, shifted, zeroed_one as zeroed,
+};
+use descriptor_core::{Error, OperationKind, RdmaMetadata};
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(30);
-
-fn forge(
-    meta: &RdmaMetadata,
-    kind: OperationKind,
-    descriptors: Vec<SerializedDescriptor>,
-) -> RdmaMetadata {
-    RdmaMetadata::new(
-        kind,
-        descriptors,
-        meta.agent_metadata().to_vec(),
-        meta.notification_key().to_owned(),
-    )
-    .unwrap()
-}
-
-fn shifted(meta: &RdmaMetadata, by: u64, size: u64) -> Vec<SerializedDescriptor> {
-    let d = meta.descriptors()[0];
-    vec![SerializedDescriptor {
-        ptr: d.ptr + by,
-        size,
-        ..d
-    }]
-}
-
-fn zeroed(n: usize) -> Vec<Descriptor> {
-    vec![Descriptor::new(vec![0u8; n]).unwrap()]
-}
-
-fn filled(seed: u64, n: usize) -> Vec<Descriptor> {
-    vec![Descriptor::new(pattern(seed, n)).unwrap()]
-}
 
 fn assert_refused<T: std::fmt::Debug>(result: Result<T, Error>) {
     match result {

@@ -49,6 +49,41 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     out
 }
 
+/// One descriptor of `len` pattern bytes (seed `seed`).
+pub fn filled(seed: u64, len: usize) -> Vec<Descriptor> {
+    descriptors(seed, &[len])
+}
+
+/// One descriptor of `len` zero bytes.
+pub fn zeroed_one(len: usize) -> Vec<Descriptor> {
+    zeroed(&[len])
+}
+
+/// Metadata like `meta` but with other descriptors or kind: what a hostile peer sends.
+pub fn forge(
+    meta: &RdmaMetadata,
+    kind: OperationKind,
+    descriptors: Vec<SerializedDescriptor>,
+) -> RdmaMetadata {
+    RdmaMetadata::new(
+        kind,
+        descriptors,
+        meta.agent_metadata().to_vec(),
+        meta.notification_key().to_owned(),
+    )
+    .unwrap()
+}
+
+/// `meta`'s first descriptor moved by `by` bytes and resized to `size`.
+pub fn shifted(meta: &RdmaMetadata, by: u64, size: u64) -> Vec<SerializedDescriptor> {
+    let d = meta.descriptors()[0];
+    vec![SerializedDescriptor {
+        ptr: d.ptr + by,
+        size,
+        ..d
+    }]
+}
+
 fn descriptors(seed: u64, sizes: &[usize]) -> Vec<Descriptor> {
     sizes
         .iter()
