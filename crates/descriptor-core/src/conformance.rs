@@ -123,6 +123,26 @@ fn assert_zeroed(descs: &[Descriptor], what: &str) {
 
 const WAIT: Duration = Duration::from_secs(30);
 
+/// The descriptors of an ended operation, once the backend lets go of them (a
+/// backend that cannot abort lets a cancelled transfer finish first); fails the
+/// test after [`WAIT`].
+macro_rules! returned {
+    ($op:expr, $what:expr) => {{
+        let mut op = $op;
+        let deadline = std::time::Instant::now() + WAIT;
+        loop {
+            match op.into_descriptors() {
+                Ok(descriptors) => break descriptors,
+                Err(again) if std::time::Instant::now() < deadline => {
+                    op = again;
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+                Err(again) => panic!("{} never released its buffers: {again:?}", $what),
+            }
+        }
+    }};
+}
+
 /// Polls `condition` until it holds, failing after [`WAIT`].
 fn eventually(what: &str, condition: impl Fn() -> bool) {
     let deadline = std::time::Instant::now() + WAIT;
@@ -385,20 +405,7 @@ pub fn cancel_before_completion(h: &dyn Harness) {
             other => panic!("cancel gave {other:?}"),
         }
     }
-    // The buffers come back once the backend has let go of them (a backend that
-    // cannot abort lets the transfer finish first).
-    let deadline = std::time::Instant::now() + WAIT;
-    let mut write = write;
-    let source = loop {
-        match write.into_descriptors() {
-            Ok(descriptors) => break descriptors,
-            Err(op) if std::time::Instant::now() < deadline => {
-                write = op;
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err(op) => panic!("cancelled operation never released its buffers: {op:?}"),
-        }
-    };
+    let source = returned!(write, "the cancelled write");
     assert_pattern(&source, 40, "source after cancel");
     assert_eq!(client.remote_agent_count(), 0);
 }
@@ -680,21 +687,7 @@ pub fn cancel_and_drop_race_completion(h: &dyn Harness, rounds: usize) {
                 Err(Error::Cancelled) => assert_eq!(write.status(), OperationStatus::Cancelled),
                 other => panic!("round {round}: cancel gave {other:?}"),
             }
-            let mut write = write;
-            let deadline = std::time::Instant::now() + WAIT;
-            let source = loop {
-                match write.into_descriptors() {
-                    Ok(d) => break d,
-                    Err(op) => {
-                        assert!(
-                            std::time::Instant::now() < deadline,
-                            "round {round}: buffers never returned"
-                        );
-                        write = op;
-                        std::thread::sleep(Duration::from_micros(100));
-                    }
-                }
-            };
+            let source = returned!(write, format!("round {round}: the write"));
             assert_pattern(&source, seed, "source after a cancel race");
         }
         // The target holds either none or all of the bytes, never a part. A
@@ -712,21 +705,7 @@ pub fn cancel_and_drop_race_completion(h: &dyn Harness, rounds: usize) {
             panic!("round {round}: a transfer NIXL could not abort never completed");
         }
         writable.cancel();
-        let mut writable = writable;
-        let deadline = std::time::Instant::now() + WAIT;
-        let target = loop {
-            match writable.into_descriptors() {
-                Ok(d) => break d,
-                Err(op) => {
-                    assert!(
-                        std::time::Instant::now() < deadline,
-                        "round {round}: target never returned"
-                    );
-                    writable = op;
-                    std::thread::sleep(Duration::from_micros(100));
-                }
-            }
-        };
+        let target = returned!(writable, format!("round {round}: the writable"));
         let bytes = target[0].as_slice().unwrap();
         let all_new = bytes == pattern(seed, size).as_slice();
         let all_old = bytes.iter().all(|&b| b == 0);
