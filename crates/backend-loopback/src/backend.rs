@@ -263,8 +263,9 @@ impl Job {
             // regions) and exposed to us; the grant's read lock keeps the exposure
             // live, and the peer frees that memory only after revoking it. The local
             // range lies inside a region registered with this agent, valid (and
-            // writable when READ into) until `release` returns, which waits for this
-            // copy (`post`'s contract). `copy` tolerates overlap.
+            // writable when READ into) until `release` returns `Ok(true)`
+            // (`post`'s contract), which it does not while this copy runs
+            // (`Stage::Running`). `copy` tolerates overlap.
             unsafe {
                 std::ptr::copy(
                     std::ptr::with_exposed_provenance::<u8>(src),
@@ -285,29 +286,43 @@ impl Job {
     }
 }
 
-/// A posted transfer. Its lock is held while bytes move, so `release` waits for
-/// a copy in progress and prevents one that has not started.
+/// A posted transfer. Its lock guards only its stage: bytes move with no lock
+/// of the transfer held (the copy notifies the peer, whose event hook may call
+/// straight back into this backend), so `release` of a running copy answers
+/// "not yet" instead of waiting for it.
 struct Transfer {
     state: Mutex<Stage>,
 }
 
 enum Stage {
+    /// Waiting for an injected delay; releasing it now means it never runs.
     Delayed(Box<Job>),
+    /// Copying right now, in the delay thread.
+    Running,
     Finished(TransferState),
     Released,
 }
 
 impl Transfer {
+    fn stage(&self) -> std::sync::MutexGuard<'_, Stage> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn run_delayed(&self, agent: &Agent) {
-        let mut stage = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Stage::Delayed(_) = &*stage {
-            let Stage::Delayed(job) = std::mem::replace(&mut *stage, Stage::Released) else {
-                return;
-            };
-            *stage = Stage::Finished(job.run());
-            drop(stage);
-            agent.signal();
-        }
+        let job = {
+            let mut stage = self.stage();
+            match std::mem::replace(&mut *stage, Stage::Running) {
+                Stage::Delayed(job) => job,
+                // Released before its time: it never runs.
+                other => {
+                    *stage = other;
+                    return;
+                }
+            }
+        };
+        let state = job.run();
+        *self.stage() = Stage::Finished(state);
+        agent.signal();
     }
 }
 
@@ -378,7 +393,7 @@ impl RegistrationBackend for LoopbackBackend {
         Ok(())
     }
 
-    fn expose(&self, regions: &[RegionId], access: OperationKind) -> Result<Exposure> {
+    unsafe fn expose(&self, regions: &[RegionId], access: OperationKind) -> Result<Exposure> {
         if self.agent.is_gone() {
             return Err(self.gone("expose"));
         }
@@ -512,20 +527,29 @@ impl RegistrationBackend for LoopbackBackend {
         let Some(t) = lock(&self.transfers).get(&transfer.0).cloned() else {
             return TransferState::Failed(format!("unknown transfer {}", transfer.0));
         };
-        let stage = t.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let stage = t.stage();
         match &*stage {
-            Stage::Delayed(_) => TransferState::InProgress,
+            Stage::Delayed(_) | Stage::Running => TransferState::InProgress,
             Stage::Finished(state) => state.clone(),
             Stage::Released => TransferState::Failed("released".into()),
         }
     }
 
     fn release(&self, transfer: TransferId) -> Result<bool> {
-        let t = lock(&self.transfers).remove(&transfer.0);
-        if let Some(t) = t {
-            // Waits for a copy in progress; a delayed copy that has not started never will.
-            *t.state.lock().unwrap_or_else(PoisonError::into_inner) = Stage::Released;
+        let Some(t) = lock(&self.transfers).get(&transfer.0).cloned() else {
+            return Ok(true);
+        };
+        {
+            let mut stage = t.stage();
+            if let Stage::Running = *stage {
+                // The copy cannot be stopped halfway: the engine asks again
+                // once it has finished (the delay thread signals then).
+                return Ok(false);
+            }
+            // A delayed copy that has not started never will.
+            *stage = Stage::Released;
         }
+        lock(&self.transfers).remove(&transfer.0);
         Ok(true)
     }
 

@@ -274,11 +274,6 @@ impl NixlBackend {
         }
     }
 
-    /// The underlying nixl-sys agent, for what this crate does not wrap.
-    pub fn agent(&self) -> &Agent {
-        &self.agent
-    }
-
     fn id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
@@ -380,7 +375,7 @@ impl RegistrationBackend for NixlBackend {
         }
     }
 
-    fn expose(&self, regions: &[RegionId], access: OperationKind) -> Result<Exposure> {
+    unsafe fn expose(&self, regions: &[RegionId], access: OperationKind) -> Result<Exposure> {
         let segments = {
             let registered = lock(&self.regions);
             let mut segments = Vec::with_capacity(regions.len());

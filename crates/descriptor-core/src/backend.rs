@@ -115,14 +115,50 @@ pub struct Notification {
 }
 
 /// Called by an event-driven backend whenever a transfer completes or a
-/// notification arrives. It must be cheap and must not call back into the backend.
+/// notification arrives.
+///
+/// The hook may call back into the backend (the connector's polls transfers,
+/// drains notifications and revokes exposures right away, and wakes waiters),
+/// so a backend calls it **with none of its own locks held**. It may be called
+/// from any thread, including from inside another agent's call (loopback runs
+/// a peer's transfer in the peer's thread and notifies this agent from there);
+/// the connector's hook contains panics and never blocks on a peer.
 pub type EventHook = Arc<dyn Fn() + Send + Sync>;
 
 /// One agent of a transport: registration, exposure, peers and transfers.
 ///
 /// Implementations are `Send + Sync` and take `&self` everywhere: the connector
-/// calls them from user threads and from its progress engine at once. Errors are
-/// this crate's [`Error`](crate::Error), never a backend's own type.
+/// calls them from user threads and from its progress engine at once, never
+/// while holding a lock of its own. Errors are this crate's
+/// [`Error`](crate::Error), never a backend's own type.
+///
+/// The methods that let a peer or a transfer reach memory ([`register`],
+/// [`expose`], [`post`]) are `unsafe`: their callers promise that nothing else
+/// touches that memory meanwhile. The safe methods only narrow access or
+/// report, so calling them out of turn can fail an operation but never expose
+/// memory. The [`Connector`](crate::Connector) is the one caller that keeps
+/// these promises; it does not hand its backend out.
+///
+/// ```compile_fail,E0133
+/// # use descriptor_core::{OperationKind, RegionId, RegistrationBackend};
+/// // Exposing a region behind the connector's back takes `unsafe`: the region
+/// // may belong to a descriptor that safe code is reading or writing.
+/// fn expose_held_memory(backend: &dyn RegistrationBackend) {
+///     let _ = backend.expose(&[RegionId(1)], OperationKind::Write);
+/// }
+/// ```
+///
+/// ```compile_fail,E0599
+/// # use descriptor_core::Connector;
+/// // And a connector has no accessor for its backend.
+/// fn backend_of(connector: &Connector) {
+///     let _ = connector.backend();
+/// }
+/// ```
+///
+/// [`register`]: Self::register
+/// [`expose`]: Self::expose
+/// [`post`]: Self::post
 pub trait RegistrationBackend: Send + Sync + 'static {
     /// Short name of the transport, such as `"loopback"` or `"nixl"`.
     fn backend_name(&self) -> &'static str;
@@ -146,7 +182,16 @@ pub trait RegistrationBackend: Send + Sync + 'static {
     /// Describes `regions` to peers that may `access` them (READ for a readable,
     /// WRITE for a writable), ideally nothing more than those regions. Exposing a
     /// region registered read-only for WRITE is an error.
-    fn expose(&self, regions: &[RegionId], access: OperationKind) -> Result<Exposure>;
+    ///
+    /// # Safety
+    ///
+    /// From the call on, a peer that is given the returned metadata may read or
+    /// write the regions' memory at any time. So that memory must stay valid,
+    /// and nothing but this backend may access it, until [`revoke`](Self::revoke)
+    /// has returned for the exposure when [`revocation_enforced`](Self::revocation_enforced)
+    /// is true; otherwise until the peer has notified completion, or for ever.
+    /// On `Err` nothing was exposed.
+    unsafe fn expose(&self, regions: &[RegionId], access: OperationKind) -> Result<Exposure>;
 
     /// Ends an exposure. See [`revocation_enforced`](Self::revocation_enforced).
     fn revoke(&self, exposure: ExposureId) -> Result<()>;
@@ -171,19 +216,21 @@ pub trait RegistrationBackend: Send + Sync + 'static {
     ///
     /// Every local segment lies inside a region registered with this backend
     /// (registered writable if the transfer READs into it), and stays valid and
-    /// untouched by anything else until [`release`](Self::release) returns `Ok`
-    /// for the returned transfer.
+    /// untouched by anything else until [`release`](Self::release) returns
+    /// `Ok(true)` for the returned transfer. On `Err` no transfer was started.
     unsafe fn post(&self, request: &TransferRequest<'_>) -> Result<TransferId>;
 
     /// Reports a posted transfer's state.
     fn poll(&self, transfer: TransferId) -> TransferState;
 
     /// Releases a transfer the connector is done with, aborting it if the
-    /// backend can.
+    /// backend can. It must not wait for a transfer in progress.
     ///
     /// - `Ok(true)`: released; the backend no longer touches its memory.
-    /// - `Ok(false)`: still in progress; the connector's engine calls `release`
-    ///   again until it returns `Ok(true)`, and keeps the memory alive meanwhile.
+    /// - `Ok(false)`: still in progress (it cannot be stopped now); the
+    ///   connector's engine calls `release` again until it returns `Ok(true)`,
+    ///   and keeps the memory alive meanwhile. An event-driven backend signals
+    ///   its hook when such a transfer ends.
     /// - `Err`: the backend lost track of it; the connector never frees its memory.
     fn release(&self, transfer: TransferId) -> Result<bool>;
 

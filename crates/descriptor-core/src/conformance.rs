@@ -485,7 +485,7 @@ pub fn dropping_an_in_flight_operation(h: &dyn Harness) {
     let stale = abandoned.metadata().clone();
     drop(abandoned);
     let late = client.begin_read(&stale, zeroed(&[4096]));
-    if server.backend().revocation_enforced() {
+    if server.revocation_enforced() {
         assert!(late.is_err(), "a revoked exposure was still readable");
     }
     if let Ok(late) = late {
@@ -694,7 +694,7 @@ pub fn cancel_and_drop_race_completion(h: &dyn Harness, rounds: usize) {
         // backend that cannot revoke lets the transfer finish (it cannot abort
         // either), so there the writable completes; were it cancelled unfinished,
         // its buffers would be leaked by design and could not be inspected.
-        let enforced = server.backend().revocation_enforced();
+        let enforced = server.revocation_enforced();
         let patience = if enforced {
             Duration::from_millis(5)
         } else {

@@ -8,9 +8,9 @@ use crate::descriptor::Descriptor;
 use crate::engine::Engine;
 use crate::error::{Error, Result, Side};
 use crate::metadata::{OperationKind, RdmaMetadata, SerializedDescriptor};
-use crate::operation::state::{Help, OpShared, OperationStatus, Outcome, Pending};
+use crate::operation::state::{OpShared, OperationStatus, Pending};
 use crate::operation::{
-    OperationCore, ReadOperation, ReadableOperation, WritableOperation, WriteOperation,
+    Held, OperationCore, ReadOperation, ReadableOperation, WritableOperation, WriteOperation,
 };
 use crate::remote::{DEFAULT_MAX_IDLE_PEERS, RemoteCache};
 
@@ -118,9 +118,21 @@ impl Connector {
         &self.inner.name
     }
 
-    /// The backend.
-    pub fn backend(&self) -> &dyn RegistrationBackend {
-        &*self.inner.backend
+    /// Short name of the backend's transport, such as `"loopback"` or `"nixl"`.
+    ///
+    /// The connector does not hand out its backend: the backend's methods keep
+    /// the safety model only when the connector alone calls them (a region
+    /// exposed behind its back could be written by a peer under a live `&mut`).
+    pub fn backend_name(&self) -> &'static str {
+        self.inner.backend.backend_name()
+    }
+
+    /// Whether the backend can cut a peer off: see
+    /// [`RegistrationBackend::revocation_enforced`]. When false (NIXL), a
+    /// passive operation that ends before its peer notified completion leaks
+    /// its memory rather than free what a peer might still write.
+    pub fn revocation_enforced(&self) -> bool {
+        self.inner.backend.revocation_enforced()
     }
 
     /// Peers that operations of this connector are using right now.
@@ -208,23 +220,26 @@ impl Connector {
             d.register_memory(self)?;
             regions.extend(d.region());
         }
-        let exposure = self.inner.backend.expose(&regions, access)?;
-        let key = uuid::Uuid::new_v4().to_string();
-        let metadata = RdmaMetadata::new(
-            access,
-            descriptors.iter().map(Descriptor::serialized).collect(),
-            exposure.agent_metadata,
-            key,
-        );
-        let bytes = descriptors.iter().map(Descriptor::size).sum();
-        let help = if self.inner.engine.event_driven() {
-            Help::Nothing
-        } else {
-            Help::Notifications(Arc::downgrade(&self.inner.engine))
+        // From here on a peer may touch the memory: should anything panic
+        // before the operation owns it, the `Held` leaks it.
+        let descriptors = Held::new(descriptors);
+        // SAFETY: the regions belong to `descriptors`, registered above with
+        // this backend; the operation built below owns them and hands them back
+        // only once the exposure is revoked (and, when revocation is not
+        // enforced, only if the peer notified completion): `OpShared::let_go`.
+        // If `expose` fails, nothing was exposed and they are freed normally.
+        let exposure = match unsafe { self.inner.backend.expose(&regions, access) } {
+            Ok(exposure) => exposure,
+            Err(e) => {
+                drop(descriptors.release());
+                return Err(e);
+            }
         };
+        let key = uuid::Uuid::new_v4().to_string();
+        let serialized = descriptors.iter().map(Descriptor::serialized).collect();
+        let bytes = descriptors.iter().map(Descriptor::size).sum();
         let shared = OpShared::new(
             self.backend_arc(),
-            help,
             if access == OperationKind::Read {
                 "readable"
             } else {
@@ -235,10 +250,13 @@ impl Connector {
             Pending::Exposure(exposure.id),
             None,
         );
-        let metadata = match metadata {
-            Ok(m) => m,
+        let count = descriptors.len();
+        let metadata = match RdmaMetadata::new(access, serialized, exposure.agent_metadata, key) {
+            Ok(metadata) => metadata,
             Err(e) => {
-                shared.finish(Outcome::Cancelled);
+                // Dropping the operation cancels it: the exposure is revoked, and
+                // the memory freed or leaked as the backend allows.
+                drop(OperationCore::new(shared, descriptors, self.clone(), None));
                 return Err(e);
             }
         };
@@ -246,11 +264,9 @@ impl Connector {
         self.inner
             .engine
             .track_passive(key.clone(), Arc::clone(&shared));
-        tracing::debug!(connector = %self.inner.name, kind = ?access, descriptors = descriptors.len(), bytes, "exposed memory");
-        Ok((
-            OperationCore::new(shared, descriptors, self.clone(), Some(key)),
-            metadata,
-        ))
+        let core = OperationCore::new(shared, descriptors, self.clone(), Some(key));
+        tracing::debug!(connector = %self.inner.name, kind = ?access, descriptors = count, bytes, "exposed memory");
+        Ok((core, metadata))
     }
 
     fn begin_active(
@@ -280,19 +296,23 @@ impl Connector {
         let bytes = request.bytes();
         let span = tracing::debug_span!("post", connector = %self.inner.name, peer = %lease.peer, ?op, bytes);
         let _entered = span.enter();
+        // A backend that panics in `post` may have started the transfer: the
+        // `Held` then leaks the memory instead of freeing it.
+        let local = Held::new(local);
         // SAFETY: every local segment is a descriptor registered just above with
         // this backend (writable when READ into: checked by `check_pairing`); the
-        // operation created below owns the descriptors and frees them only after
-        // `release` returned `Ok` (see `OperationCore::drop`).
-        let transfer = unsafe { self.inner.backend.post(&request)? };
-        let help = if self.inner.engine.event_driven() {
-            Help::Nothing
-        } else {
-            Help::Transfer
+        // operation created below owns the descriptors and hands them back only
+        // after `release` returned `Ok(true)` (`OpShared::let_go`). If `post`
+        // fails, no transfer exists and they are freed normally.
+        let transfer = match unsafe { self.inner.backend.post(&request) } {
+            Ok(transfer) => transfer,
+            Err(e) => {
+                drop(local.release());
+                return Err(e);
+            }
         };
         let shared = OpShared::new(
             self.backend_arc(),
-            help,
             match op {
                 TransferOp::Read => "read",
                 TransferOp::Write => "write",
@@ -302,11 +322,12 @@ impl Connector {
             Pending::Transfer(transfer),
             Some(lease),
         );
+        let core = OperationCore::new(Arc::clone(&shared), local, self.clone(), None);
         // Small transfers often finish at post time: skip the engine for those.
-        if !shared.poll_transfer() {
-            self.inner.engine.track_active(Arc::clone(&shared));
+        if !shared.drive() {
+            self.inner.engine.track_active(shared);
         }
-        Ok(OperationCore::new(shared, local, self.clone(), None))
+        Ok(core)
     }
 }
 

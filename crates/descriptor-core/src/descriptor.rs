@@ -2,6 +2,7 @@
 
 use std::any::Any;
 use std::fmt;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -27,12 +28,13 @@ use crate::metadata::SerializedDescriptor;
 /// A registered descriptor deregisters itself when dropped, before its memory is
 /// released.
 pub struct Descriptor {
-    // Declared first so that it is dropped (deregistered) before `buffer`.
+    /// Deregistered (in `Drop`) before the buffer is released.
     registration: Option<Registration>,
     ptr: *mut u8,
     segment: Segment,
     writable: bool,
-    buffer: Box<dyn MemoryBuffer>,
+    /// `Some` until `into_buffer` takes it or `drop` releases (or leaks) it.
+    buffer: Option<Box<dyn MemoryBuffer>>,
 }
 
 // SAFETY: `ptr` points into `buffer`, which is Send + Sync; the descriptor only
@@ -49,10 +51,32 @@ struct Registration {
     region: RegionId,
 }
 
-impl Drop for Registration {
+impl Registration {
+    /// Deregisters the region; false if the backend refused or panicked, in
+    /// which case it may still hand the memory to peers.
+    fn deregister(&self) -> bool {
+        match catch_unwind(AssertUnwindSafe(|| self.backend.deregister(self.region))) {
+            Ok(Ok(())) => true,
+            Ok(Err(error)) => {
+                tracing::error!(%error, connector = %self.connector_name, region = self.region.0, "deregistration failed");
+                false
+            }
+            Err(_) => {
+                tracing::error!(connector = %self.connector_name, region = self.region.0, "deregistration panicked");
+                false
+            }
+        }
+    }
+}
+
+impl Drop for Descriptor {
     fn drop(&mut self) {
-        if let Err(error) = self.backend.deregister(self.region) {
-            tracing::error!(%error, connector = %self.connector_name, region = self.region.0, "deregistration failed");
+        if let Some(registration) = self.registration.take() {
+            if !registration.deregister() {
+                // Still registered as far as we know: leak rather than free
+                // memory the backend might let a peer reach.
+                std::mem::forget(self.buffer.take());
+            }
         }
     }
 }
@@ -93,7 +117,7 @@ impl Descriptor {
             ptr,
             segment: Segment { addr, len, device },
             writable,
-            buffer,
+            buffer: Some(buffer),
         })
     }
 
@@ -228,21 +252,27 @@ impl Descriptor {
     /// assert_eq!(d.into_buffer::<Vec<u16>>().ok(), Some(vec![7u16; 8]));
     /// # Ok::<(), descriptor_core::Error>(())
     /// ```
-    pub fn into_buffer<B: MemoryBuffer>(self) -> Result<B, Descriptor> {
-        if !(&*self.buffer as &dyn Any).is::<B>() {
+    pub fn into_buffer<B: MemoryBuffer>(mut self) -> Result<B, Descriptor> {
+        let is_b = self
+            .buffer
+            .as_deref()
+            .is_some_and(|b| (b as &dyn Any).is::<B>());
+        if !is_b {
             return Err(self);
         }
-        let Descriptor {
-            registration,
-            buffer,
-            ..
-        } = self;
-        drop(registration);
-        let buffer: Box<dyn Any> = buffer;
-        match buffer.downcast::<B>() {
-            Ok(b) => Ok(*b),
+        if let Some(registration) = &self.registration {
+            if !registration.deregister() {
+                // Still registered: the descriptor comes back, and leaks its
+                // memory when dropped unless deregistration works then.
+                return Err(self);
+            }
+            self.registration = None;
+        }
+        let buffer: Option<Box<dyn Any>> = self.buffer.take().map(|b| b as Box<dyn Any>);
+        match buffer.map(|b| b.downcast::<B>()) {
+            Some(Ok(b)) => Ok(*b),
             // `is::<B>()` was checked above.
-            Err(_) => unreachable!("type checked before downcast"),
+            _ => unreachable!("type checked before downcast"),
         }
     }
 

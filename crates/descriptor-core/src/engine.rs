@@ -9,11 +9,13 @@
 //! CPU the transport's own progress thread needs.
 
 use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread;
 use std::time::Duration;
 
-use crate::backend::RegistrationBackend;
+use crate::backend::{Notification, RegistrationBackend};
+use crate::error::Result;
 use crate::operation::state::{OpShared, Outcome};
 
 /// How long dropping the last connector waits for its engine thread.
@@ -70,16 +72,45 @@ impl Engine {
     }
 
     /// Called by an event-driven backend's hook, in the thread that caused the
-    /// event: the affected operations are finished right here, which saves the
-    /// two context switches of handing the event to the engine thread.
+    /// event (possibly a peer's, inside its own call into its backend): the
+    /// affected operations are finished right here, which saves the two context
+    /// switches of handing the event to the engine thread. The backend calls the
+    /// hook with none of its locks held, and no lock of ours is held while this
+    /// calls the backend or a waker. A panic (a backend bug) is logged and
+    /// contained: it must not unwind into the peer's call.
     fn signal(&self) {
         let active = self.lock().active.clone();
-        self.pass(&active);
+        if catch_unwind(AssertUnwindSafe(|| self.pass(&active))).is_err() {
+            tracing::error!(agent = %self.name, "a backend call panicked while handling an event; the operations it touched leak their memory");
+        }
     }
 
-    /// Whether the backend reports events itself (no polling needed).
-    pub(crate) fn event_driven(&self) -> bool {
-        self.event_driven
+    /// Blocks on `op` until it is settled or `timeout` passes. With a polled
+    /// backend the waiting thread first polls itself, for a short while: its
+    /// transfer if `op` is active, the connector's notifications if passive.
+    pub(crate) fn wait(
+        &self,
+        op: &OpShared,
+        passive: bool,
+        timeout: Option<Duration>,
+    ) -> Result<()> {
+        if self.event_driven {
+            op.wait(timeout, None)
+        } else if passive {
+            op.wait(
+                timeout,
+                Some(&|| {
+                    self.drain_notifications();
+                }),
+            )
+        } else {
+            op.wait(
+                timeout,
+                Some(&|| {
+                    op.drive();
+                }),
+            )
+        }
     }
 
     /// Follows an active operation's transfer until it ends.
@@ -156,6 +187,8 @@ impl Engine {
 
     fn run(self: Arc<Self>) {
         tracing::debug!(agent = %self.name, event_driven = self.event_driven, "progress engine started");
+        // Should the thread ever die, the next operation starts a new one.
+        let _restartable = Restartable(&self);
         let mut idle_polls = 0u32;
         let mut active = Vec::new();
         loop {
@@ -207,7 +240,15 @@ impl Engine {
                 }
                 active.clone_from(&work.active);
             }
-            let progressed = self.pass(&active);
+            // A panic here is a backend bug: the operation it hit leaks its
+            // memory (see `OpShared::settle`); the engine goes on serving the rest.
+            let progressed = match catch_unwind(AssertUnwindSafe(|| self.pass(&active))) {
+                Ok(progressed) => progressed,
+                Err(_) => {
+                    tracing::error!(agent = %self.name, "a backend call panicked in the progress engine; it goes on");
+                    true
+                }
+            };
             active.clear();
             idle_polls = if progressed {
                 0
@@ -231,11 +272,13 @@ impl Engine {
     fn poll_active(&self, active: &[Arc<OpShared>]) -> bool {
         let mut finished = Vec::new();
         for op in active {
-            // A thread blocked in `wait` polls its operation itself.
-            if !op.needs_engine() {
+            // A thread blocked in `wait` polls its operation itself (polled
+            // backends only: with an event-driven one, nobody waiting polls).
+            if !self.event_driven && !op.needs_engine() {
                 continue;
             }
-            if op.poll_transfer() {
+            // A panicking poll leaves the transfer tracked: polled again later.
+            if contain(&self.name, || op.drive()).unwrap_or(false) {
                 finished.push(Arc::as_ptr(op));
             }
         }
@@ -248,14 +291,31 @@ impl Engine {
     }
 
     /// Completes the passive operations whose notifications arrived; true if any.
+    /// Notifications are collected first and handled after the backend call
+    /// returned, so finishing an operation never runs inside the backend.
     pub(crate) fn drain_notifications(&self) -> bool {
-        let mut notified = 0usize;
-        let drained = self.backend.drain_notifications(&mut |notification| {
-            let op = self.lock().passive.remove(notification.payload.as_slice());
+        let mut arrived: Vec<Notification> = Vec::new();
+        if let Err(error) = self.backend.drain_notifications(&mut |n| arrived.push(n)) {
+            tracing::warn!(%error, "draining notifications failed");
+        }
+        if arrived.is_empty() {
+            return false;
+        }
+        let ops: Vec<Option<Arc<OpShared>>> = {
+            let mut work = self.lock();
+            arrived
+                .iter()
+                .map(|n| work.passive.remove(n.payload.as_slice()))
+                .collect()
+        };
+        let mut notified = false;
+        for (notification, op) in arrived.iter().zip(ops) {
             match op {
                 Some(op) => {
-                    notified += 1;
-                    op.finish(Outcome::Complete);
+                    notified = true;
+                    contain(&self.name, || {
+                        op.finish(Outcome::Complete);
+                    });
                 }
                 None => tracing::debug!(
                     from = %notification.from,
@@ -263,10 +323,34 @@ impl Engine {
                     "dropping a notification no operation waits for"
                 ),
             }
-        });
-        if let Err(error) = drained {
-            tracing::warn!(%error, "draining notifications failed");
         }
-        notified > 0
+        notified
+    }
+}
+
+/// Runs `f`, containing a panic (a backend bug) so that the other operations
+/// of the pass are still served. A panic while letting go of memory has already
+/// settled its operation as leaking it (`OpShared::settle`); a panicking `poll`
+/// left the operation as it was, to be polled again.
+fn contain<T>(agent: &str, f: impl FnOnce() -> T) -> Option<T> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(value) => Some(value),
+        Err(_) => {
+            tracing::error!(%agent, "a backend call panicked; the operation it served leaks its memory, the others go on");
+            None
+        }
+    }
+}
+
+/// Clears the engine's thread handle if its thread unwinds, so that the next
+/// operation starts a new one instead of relying on a dead thread.
+struct Restartable<'a>(&'a Engine);
+
+impl Drop for Restartable<'_> {
+    fn drop(&mut self) {
+        if thread::panicking() {
+            tracing::error!(agent = %self.0.name, "the progress engine thread panicked; the next operation restarts it");
+            self.0.lock().thread = None;
+        }
     }
 }

@@ -57,6 +57,9 @@ mod metadata;
 mod operation;
 mod probe;
 mod remote;
+mod sync;
+#[cfg(test)]
+mod testing;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;

@@ -148,6 +148,21 @@ impl RdmaMetadata {
         RdmaMetadata::from_slice(json.as_bytes())
     }
 
+    /// Parses and validates Dynamo's JSON from a stream, reading at most
+    /// [`MAX_JSON_BYTES`] (+1, to tell a document that is too long).
+    ///
+    /// Prefer this to `serde_json::from_reader`: through serde, each field is
+    /// bounded as it is read, but a deserializer may buffer one string field
+    /// (up to the whole stream) before the bound can refuse it.
+    pub fn from_reader(reader: impl Read) -> Result<RdmaMetadata> {
+        let mut json = Vec::new();
+        reader
+            .take(MAX_JSON_BYTES as u64 + 1)
+            .read_to_end(&mut json)
+            .map_err(|e| invalid("json", format!("cannot read: {e}")))?;
+        RdmaMetadata::from_slice(&json)
+    }
+
     /// Parses and validates Dynamo's JSON from bytes.
     pub fn from_slice(json: &[u8]) -> Result<RdmaMetadata> {
         if json.len() > MAX_JSON_BYTES {
@@ -268,16 +283,74 @@ impl<'de> Deserialize<'de> for RdmaMetadata {
     }
 }
 
-/// The JSON shape, field order as pydantic writes it.
+/// The JSON shape, field order as pydantic writes it. Every field is bounded
+/// while it is read, so that no path (serde's included) copies more than the
+/// limits allow.
 #[derive(Serialize, Deserialize)]
 struct Wire<'a> {
     #[serde(deserialize_with = "bounded_descriptors")]
     descriptors: Cow<'a, [SerializedDescriptor]>,
-    #[serde(borrow)]
+    #[serde(borrow, deserialize_with = "bounded_nixl_metadata")]
     nixl_metadata: Cow<'a, str>,
-    #[serde(borrow)]
+    #[serde(borrow, deserialize_with = "bounded_notification_key")]
     notification_key: Cow<'a, str>,
     operation_kind: u8,
+}
+
+fn bounded_nixl_metadata<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Cow<'de, str>, D::Error> {
+    // The encoded blob can be no longer than the whole document may be.
+    deserializer.deserialize_str(BoundedStr {
+        field: "nixl_metadata",
+        max: MAX_JSON_BYTES,
+    })
+}
+
+fn bounded_notification_key<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Cow<'de, str>, D::Error> {
+    deserializer.deserialize_str(BoundedStr {
+        field: "notification_key",
+        max: MAX_NOTIFICATION_KEY_LEN,
+    })
+}
+
+/// A string field of at most `max` bytes, borrowed from the input when it can be.
+struct BoundedStr {
+    field: &'static str,
+    max: usize,
+}
+
+impl BoundedStr {
+    fn check<E: serde::de::Error>(&self, len: usize) -> Result<(), E> {
+        if len > self.max {
+            return Err(E::custom(format_args!(
+                "{}: {len} bytes exceeds the limit of {} bytes",
+                self.field, self.max
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for BoundedStr {
+    type Value = Cow<'de, str>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "a string of at most {} bytes", self.max)
+    }
+    fn visit_borrowed_str<E: serde::de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+        self.check(v.len())?;
+        Ok(Cow::Borrowed(v))
+    }
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        self.check(v.len())?;
+        Ok(Cow::Owned(v.to_owned()))
+    }
+    fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Self::Value, E> {
+        self.check(v.len())?;
+        Ok(Cow::Owned(v))
+    }
 }
 
 /// Reads the descriptor list but stops at [`MAX_DESCRIPTORS`], so a huge list is
@@ -345,7 +418,9 @@ pub fn decode_agent_metadata(encoded: &str) -> Result<Vec<u8>> {
         })?,
     };
     let mut blob = Vec::new();
-    flate2::read::ZlibDecoder::new(compressed.as_slice())
+    // `bufread` over the slice: `total_in` is then exactly what the stream used.
+    let mut decoder = flate2::bufread::ZlibDecoder::new(compressed.as_slice());
+    (&mut decoder)
         .take(MAX_AGENT_METADATA_BYTES as u64 + 1)
         .read_to_end(&mut blob)
         .map_err(|e| invalid(FIELD, format!("bad zlib stream: {e}")))?;
@@ -353,6 +428,16 @@ pub fn decode_agent_metadata(encoded: &str) -> Result<Vec<u8>> {
         return Err(invalid(
             FIELD,
             format!("decompresses to more than {MAX_AGENT_METADATA_BYTES} bytes"),
+        ));
+    }
+    let used = decoder.total_in();
+    if used != compressed.len() as u64 {
+        return Err(invalid(
+            FIELD,
+            format!(
+                "{} bytes follow the end of the zlib stream",
+                compressed.len() as u64 - used
+            ),
         ));
     }
     Ok(blob)

@@ -15,7 +15,7 @@
 use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasher;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use crate::backend::RegistrationBackend;
 use crate::error::Result;
@@ -25,11 +25,19 @@ pub const DEFAULT_MAX_IDLE_PEERS: usize = 64;
 /// Distinct blobs remembered per peer before the memory of them is reset.
 const MAX_BLOBS_PER_PEER: usize = 256;
 
+/// The cache of loaded peers.
+///
+/// Its lock guards only the bookkeeping: `load_remote` and `unload_remote` run
+/// with no lock held. Loads and unloads must still not interleave (a load that
+/// merges into a peer being unloaded would hand out a lease on a peer that is
+/// gone), so each side waits, on the condition variable, while the other kind
+/// of call is in flight; loads run concurrently with each other.
 pub(crate) struct RemoteCache {
     backend: Arc<dyn RegistrationBackend>,
     hasher: RandomState,
     max_idle: usize,
     state: Mutex<State>,
+    calls_done: Condvar,
 }
 
 #[derive(Default)]
@@ -38,6 +46,10 @@ struct State {
     /// Blob hash to the peer it loaded.
     blobs: HashMap<u64, String>,
     clock: u64,
+    /// `load_remote` calls in flight.
+    loading: usize,
+    /// `unload_remote` calls in flight.
+    unloading: usize,
 }
 
 #[derive(Default)]
@@ -54,11 +66,18 @@ impl RemoteCache {
             hasher: RandomState::new(),
             max_idle,
             state: Mutex::new(State::default()),
+            calls_done: Condvar::new(),
         }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn wait<'a>(&self, state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        self.calls_done
+            .wait(state)
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Peers with at least one operation.
@@ -71,50 +90,50 @@ impl RemoteCache {
         self.lock().peers.values().filter(|p| p.refs == 0).count()
     }
 
-    /// Loads (or recognises) a peer's metadata and takes a reference on it. The
-    /// lock is held across the backend call so that a concurrent eviction cannot
-    /// unload the peer between the load and the count.
+    /// Loads (or recognises) a peer's metadata and takes a reference on it.
+    ///
+    /// A blob the backend refuses changes nothing: the peers already loaded,
+    /// idle or not, stay loaded.
     pub(crate) fn acquire(self: &Arc<Self>, agent_metadata: &[u8]) -> Result<RemoteLease> {
         let hash = self.hasher.hash_one(agent_metadata);
         let mut state = self.lock();
+        if let Some(peer) = state.blobs.get(&hash).cloned() {
+            return Ok(self.lease(&mut state, peer));
+        }
+        while state.unloading > 0 {
+            state = self.wait(state);
+        }
+        state.loading += 1;
+        drop(state);
+        // Still counted as loading until the entry holds our reference, so
+        // that no eviction can unload the peer in between. Declared before
+        // `state`, so dropped (and counted out) after the lock is released.
+        let _call = InFlight::load(self);
+        let peer = self.backend.load_remote(agent_metadata)?;
+        let mut state = self.lock();
+        let State { peers, blobs, .. } = &mut *state;
+        let entry = peers.entry(peer.clone()).or_default();
+        if entry.blobs.len() >= MAX_BLOBS_PER_PEER {
+            for old in entry.blobs.drain() {
+                blobs.remove(&old);
+            }
+        }
+        entry.blobs.insert(hash);
+        blobs.insert(hash, peer.clone());
+        Ok(self.lease(&mut state, peer))
+    }
+
+    fn lease(self: &Arc<Self>, state: &mut State, peer: String) -> RemoteLease {
         state.clock += 1;
         let now = state.clock;
-        let known = state.blobs.get(&hash).cloned();
-        let peer = match known {
-            Some(peer) => peer,
-            None => {
-                let peer = match self.backend.load_remote(agent_metadata) {
-                    Ok(peer) => peer,
-                    // A restarted peer may reuse a name whose old connection an
-                    // idle entry still holds: forget idle peers and try once more.
-                    Err(first) if state.peers.values().any(|p| p.refs == 0) => {
-                        self.evict(&mut state, 0);
-                        self.backend
-                            .load_remote(agent_metadata)
-                            .map_err(|_| first)?
-                    }
-                    Err(e) => return Err(e),
-                };
-                let State { peers, blobs, .. } = &mut *state;
-                let entry = peers.entry(peer.clone()).or_default();
-                if entry.blobs.len() >= MAX_BLOBS_PER_PEER {
-                    for old in entry.blobs.drain() {
-                        blobs.remove(&old);
-                    }
-                }
-                entry.blobs.insert(hash);
-                blobs.insert(hash, peer.clone());
-                peer
-            }
-        };
         if let Some(entry) = state.peers.get_mut(&peer) {
             entry.refs += 1;
             entry.last_used = now;
         }
-        Ok(RemoteLease {
+        RemoteLease {
             cache: Arc::clone(self),
             peer,
-        })
+        }
     }
 
     fn release(&self, peer: &str) {
@@ -125,36 +144,86 @@ impl RemoteCache {
             entry.refs = entry.refs.saturating_sub(1);
             entry.last_used = now;
         }
-        self.evict(&mut state, self.max_idle);
+        // Best effort: with a load in flight, the next release evicts instead
+        // of this thread (perhaps the engine's) waiting for it.
+        if state.loading == 0 {
+            self.evict(state, self.max_idle);
+        }
     }
 
     /// Unloads idle peers, least recently used first, until at most `keep` remain.
-    fn evict(&self, state: &mut State, keep: usize) {
+    fn evict(&self, mut state: MutexGuard<'_, State>, keep: usize) {
+        let idle = state.peers.values().filter(|p| p.refs == 0).count();
+        if idle <= keep {
+            return;
+        }
+        while state.loading > 0 {
+            state = self.wait(state);
+        }
         let mut idle: Vec<(u64, String)> = state
             .peers
             .iter()
             .filter(|(_, p)| p.refs == 0)
             .map(|(name, p)| (p.last_used, name.clone()))
             .collect();
-        if idle.len() <= keep {
-            return;
-        }
         idle.sort_unstable();
-        for (_, name) in idle.into_iter().rev().skip(keep) {
-            if let Some(entry) = state.peers.remove(&name) {
+        let excess = idle.len().saturating_sub(keep);
+        let victims: Vec<String> = idle.into_iter().take(excess).map(|(_, n)| n).collect();
+        for name in &victims {
+            if let Some(entry) = state.peers.remove(name) {
                 for hash in entry.blobs {
                     state.blobs.remove(&hash);
                 }
             }
-            if let Err(error) = self.backend.unload_remote(&name) {
+        }
+        state.unloading += 1;
+        drop(state);
+        let _call = InFlight::unload(self);
+        for name in &victims {
+            if let Err(error) = self.backend.unload_remote(name) {
                 tracing::warn!(%error, peer = %name, "unloading peer failed");
             }
         }
     }
 
     pub(crate) fn unload_idle(&self) {
-        let mut state = self.lock();
-        self.evict(&mut state, 0);
+        self.evict(self.lock(), 0);
+    }
+}
+
+/// Counts a `load_remote` or `unload_remote` call out when it returns, or
+/// unwinds (a backend that panics must not leave the other kind of call
+/// waiting for ever), and wakes whoever waits for such calls to end.
+struct InFlight<'a> {
+    cache: &'a RemoteCache,
+    load: bool,
+}
+
+impl<'a> InFlight<'a> {
+    /// For a load already counted in `State::loading`.
+    fn load(cache: &'a RemoteCache) -> InFlight<'a> {
+        InFlight { cache, load: true }
+    }
+
+    /// For unloads already counted in `State::unloading`.
+    fn unload(cache: &'a RemoteCache) -> InFlight<'a> {
+        InFlight { cache, load: false }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let mut state = self.cache.lock();
+        let count = if self.load {
+            &mut state.loading
+        } else {
+            &mut state.unloading
+        };
+        *count -= 1;
+        if *count == 0 {
+            drop(state);
+            self.cache.calls_done.notify_all();
+        }
     }
 }
 

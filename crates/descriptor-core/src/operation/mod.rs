@@ -16,6 +16,7 @@
 //! with an error in the log. `mem::forget` on an operation leaks its buffers too;
 //! neither can lead to a use-after-free.
 
+mod held;
 pub(crate) mod state;
 
 use std::future::{Future, IntoFuture};
@@ -30,12 +31,20 @@ use crate::error::{Error, Result};
 use crate::metadata::RdmaMetadata;
 use state::{OpShared, Outcome};
 
+#[cfg(all(test, loom))]
+mod loom;
+#[cfg(all(test, not(loom)))]
+mod tests;
+
+pub(crate) use held::Held;
 pub use state::OperationStatus;
 
 /// What the four public operation types share.
 pub(crate) struct OperationCore {
     shared: Arc<OpShared>,
-    descriptors: Vec<Descriptor>,
+    /// Leaked if dropped: handed back only through `into_descriptors`, or to
+    /// the shared state (which frees them once the backend let go) on drop.
+    descriptors: Held,
     connector: Connector,
     passive_key: Option<Box<[u8]>>,
 }
@@ -43,7 +52,7 @@ pub(crate) struct OperationCore {
 impl OperationCore {
     pub(crate) fn new(
         shared: Arc<OpShared>,
-        descriptors: Vec<Descriptor>,
+        descriptors: Held,
         connector: Connector,
         passive_key: Option<Box<[u8]>>,
     ) -> OperationCore {
@@ -55,9 +64,15 @@ impl OperationCore {
         }
     }
 
+    fn wait(&self, timeout: Option<Duration>) -> Result<()> {
+        self.connector
+            .engine()
+            .wait(&self.shared, self.passive_key.is_some(), timeout)
+    }
+
     fn into_descriptors(mut self) -> Result<Vec<Descriptor>, OperationCore> {
         if self.shared.memory_released() {
-            Ok(std::mem::take(&mut self.descriptors))
+            Ok(std::mem::take(&mut self.descriptors).release())
         } else {
             Err(self)
         }
@@ -66,26 +81,44 @@ impl OperationCore {
 
 impl Drop for OperationCore {
     fn drop(&mut self) {
-        self.shared.finish(Outcome::Cancelled);
         if let Some(key) = &self.passive_key {
             self.connector.engine().untrack_passive(key);
         }
-        let descriptors = std::mem::take(&mut self.descriptors);
-        drop(self.shared.adopt(descriptors));
+        self.shared.abandon(std::mem::take(&mut self.descriptors));
     }
 }
 
 /// Resolves when an operation ends: `Ok(())` when complete, `Err` when it was
-/// cancelled or failed. Returned by `completion()`.
+/// cancelled or failed. Returned by `completion()`; several may wait on one
+/// operation at once.
 #[must_use = "futures do nothing unless polled"]
 pub struct Completion<'a> {
     shared: &'a OpShared,
+    /// This future's waker slot in the operation, once polled.
+    slot: Option<u64>,
 }
 
 impl Future for Completion<'_> {
     type Output = Result<()>;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
-        self.shared.poll_done(cx)
+        let this = self.get_mut();
+        this.shared.poll_settled(&mut this.slot, cx)
+    }
+}
+
+impl Drop for Completion<'_> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot {
+            self.shared.forget_waker(slot);
+        }
+    }
+}
+
+impl std::fmt::Debug for Completion<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Completion")
+            .field("status", &self.shared.status())
+            .finish()
     }
 }
 
@@ -94,60 +127,97 @@ impl Future for Completion<'_> {
 #[must_use = "futures do nothing unless polled"]
 pub struct OperationFuture {
     core: Option<OperationCore>,
+    slot: Option<u64>,
 }
 
 impl Future for OperationFuture {
     type Output = Result<Vec<Descriptor>>;
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let Some(core) = self.core.as_ref() else {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let Some(core) = this.core.as_ref() else {
             return Poll::Ready(Err(Error::InvalidDescriptor(
                 "the operation's descriptors were already returned".into(),
             )));
         };
-        match core.shared.poll_done(cx) {
+        match core.shared.poll_settled(&mut this.slot, cx) {
             Poll::Pending => Poll::Pending,
-            Poll::Ready(Err(e)) => {
-                self.core = None;
-                Poll::Ready(Err(e))
+            Poll::Ready(result) => {
+                // Settled: the operation took every waker out already.
+                this.slot = None;
+                let core = this.core.take();
+                match (result, core.map(OperationCore::into_descriptors)) {
+                    (Ok(()), Some(Ok(descriptors))) => Poll::Ready(Ok(descriptors)),
+                    (Err(e), _) => Poll::Ready(Err(e)),
+                    (Ok(()), _) => Poll::Ready(Err(Error::TransferFailed(
+                        "completed, but the backend did not release the memory; it is leaked, not returned".into(),
+                    ))),
+                }
             }
-            Poll::Ready(Ok(())) => match self.core.take().map(OperationCore::into_descriptors) {
-                Some(Ok(descriptors)) => Poll::Ready(Ok(descriptors)),
-                _ => Poll::Ready(Err(Error::TransferFailed(
-                    "completed, but the backend did not release the memory; it is leaked, not returned".into(),
-                ))),
-            },
         }
+    }
+}
+
+impl Drop for OperationFuture {
+    fn drop(&mut self) {
+        if let (Some(core), Some(slot)) = (&self.core, self.slot) {
+            core.shared.forget_waker(slot);
+        }
+    }
+}
+
+impl std::fmt::Debug for OperationFuture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OperationFuture")
+            .field("status", &self.core.as_ref().map(|c| c.shared.status()))
+            .finish()
     }
 }
 
 macro_rules! operation_common {
     ($ty:ident) => {
         impl $ty {
-            /// Current status; never blocks.
+            /// Current status: a lock-free read that never blocks. It turns
+            /// terminal as soon as the outcome is decided, possibly a moment
+            /// before the backend has let go of the memory; [`wait`](Self::wait)
+            /// returns after that.
             pub fn status(&self) -> OperationStatus {
                 self.core.shared.status()
             }
 
             /// Blocks until the operation ends: `Ok` when complete, `Err` when
             /// cancelled ([`Error::Cancelled`]) or failed ([`Error::TransferFailed`]).
+            /// When it returns, the backend has been asked to let go of the
+            /// memory, so [`into_descriptors`](Self::into_descriptors) succeeds
+            /// unless the backend still holds it.
             pub fn wait(&self) -> Result<()> {
-                self.core.shared.wait(None)
+                self.core.wait(None)
             }
 
             /// Like [`wait`](Self::wait), giving up with [`Error::TimedOut`] after
             /// `timeout`; the operation itself goes on.
             pub fn wait_timeout(&self, timeout: Duration) -> Result<()> {
-                self.core.shared.wait(Some(timeout))
+                self.core.wait(Some(timeout))
             }
 
             /// A future that resolves when the operation ends, like [`wait`](Self::wait).
             pub fn completion(&self) -> Completion<'_> {
                 Completion {
                     shared: &self.core.shared,
+                    slot: None,
                 }
             }
 
             /// Cancels the operation unless it already ended (then it does nothing).
+            ///
+            /// The memory comes back only once no peer or transfer can touch
+            /// it. A transfer the backend cannot abort (NIXL) drains first, and
+            /// [`into_descriptors`](Self::into_descriptors) succeeds once it has.
+            /// A *passive* operation cancelled on a backend that cannot revoke a
+            /// peer's access (NIXL: see
+            /// [`Connector::revocation_enforced`](crate::Connector::revocation_enforced))
+            /// never gives its memory back: a peer holding the metadata might
+            /// still write, so the buffers are leaked. To get them back there,
+            /// let the peer finish (wait for completion) instead of cancelling.
             pub fn cancel(&self) {
                 self.core.shared.finish(Outcome::Cancelled);
             }
@@ -164,6 +234,11 @@ macro_rules! operation_common {
 
             /// Gives the descriptors back once the operation has ended and the
             /// backend has let go of them; otherwise gives the operation back.
+            ///
+            /// After a successful [`wait`](Self::wait) this succeeds. After a
+            /// cancel it succeeds once a draining transfer has finished, and
+            /// never for a cancelled passive operation on a backend that cannot
+            /// revoke access (see [`cancel`](Self::cancel)).
             #[allow(clippy::needless_update, clippy::result_large_err)]
             pub fn into_descriptors(self) -> Result<Vec<Descriptor>, $ty> {
                 self.core
@@ -179,6 +254,7 @@ macro_rules! operation_common {
             fn into_future(self) -> OperationFuture {
                 OperationFuture {
                     core: Some(self.core),
+                    slot: None,
                 }
             }
         }

@@ -1,15 +1,40 @@
-//! The state an operation shares with the progress engine.
+//! The state an operation shares with the progress engine, its waiters and the
+//! backend's event hook: [`OpShared`].
+//!
+//! # How it stays sound and deadlock-free
+//!
+//! - **Decide under the lock, act after it.** The state lock is held only to
+//!   read and change this struct. The backend (`poll`, `release`, `revoke`),
+//!   wakers, and descriptor drops (which deregister through the backend) are
+//!   called with no lock held, so none of them can deadlock against it, and
+//!   [`status`](OpShared::status) never waits (it is an atomic load).
+//! - **Decided once, then settled.** An operation's outcome is *decided* once,
+//!   by whichever thread gets there first (completion, failure, cancel, drop);
+//!   its status then turns terminal and never changes. That same thread then
+//!   *settles* it: asks the backend to let go of the memory, records the answer
+//!   in [`Pending`], and only then wakes waiters, so a waiter that returns
+//!   finds the memory back (unless the backend still holds it).
+//! - **Memory goes back only on [`Pending::Nothing`].** While the backend is
+//!   being asked, the state is [`Pending::Releasing`]; if the backend panics,
+//!   it becomes [`Pending::Leaked`], waiters are woken, and the panic goes on.
+//!   Descriptors travel in a [`Held`], which leaks them if dropped, so no panic
+//!   anywhere can free memory a transfer may still touch.
+//! - **One waker per future.** Each future polling an operation owns one slot
+//!   and replaces its waker there; a dropped future takes its slot with it.
+//!   Wakers are woken outside the lock, and one that panics is logged and
+//!   ignored, so it cannot stop the thread that completed the operation (the
+//!   engine, or a peer's thread in which a backend delivered the event).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::sync::{Arc, PoisonError};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use super::held::Held;
 use crate::backend::{ExposureId, RegistrationBackend, TransferId, TransferState};
-use crate::descriptor::Descriptor;
-use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::remote::RemoteLease;
+use crate::sync::{AtomicU8, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering};
 
 /// Where an operation stands. Terminal states (`Complete`, `Cancelled`,
 /// `Errored`) never change again. Numbering is Dynamo's.
@@ -38,6 +63,17 @@ impl OperationStatus {
             OperationStatus::Complete | OperationStatus::Cancelled | OperationStatus::Errored
         )
     }
+
+    fn from_u8(value: u8) -> OperationStatus {
+        match value {
+            1 => OperationStatus::Initialized,
+            2 => OperationStatus::InProgress,
+            3 => OperationStatus::Complete,
+            4 => OperationStatus::Cancelled,
+            5 => OperationStatus::Errored,
+            _ => OperationStatus::Uninitialized,
+        }
+    }
 }
 
 /// How long a blocked waiter polls a polled backend before it sleeps.
@@ -45,18 +81,8 @@ const HELP_WINDOW: Duration = Duration::from_millis(2);
 /// How long the engine leaves a new transfer to its poster before polling it.
 const ENGINE_GRACE: Duration = Duration::from_micros(50);
 
-/// What a thread blocked in `wait` polls itself, rather than sleeping until
-/// the engine thread notices the end and wakes it.
-pub(crate) enum Help {
-    /// Nothing: the backend reports events itself.
-    Nothing,
-    /// The operation's transfer (active operations on polled backends).
-    Transfer,
-    /// The connector's notifications (passive operations on polled backends).
-    Notifications(Weak<Engine>),
-}
-
 /// How an operation ended.
+#[derive(Debug)]
 pub(crate) enum Outcome {
     Complete,
     Cancelled,
@@ -64,40 +90,122 @@ pub(crate) enum Outcome {
 }
 
 /// What the backend still holds of an operation's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Pending {
     /// Nothing: the memory may be freed or handed back.
     Nothing,
     /// A posted transfer.
     Transfer(TransferId),
+    /// A passive operation's exposure.
+    Exposure(ExposureId),
+    /// One thread is asking the backend to let go (release or revoke) right now.
+    Releasing,
     /// A transfer that ended for us (cancelled) but that the backend has not
     /// let go of yet: the engine keeps releasing it until it has.
     Draining(TransferId),
-    /// A passive operation's exposure.
-    Exposure(ExposureId),
     /// The backend might touch the memory at any time from now on: never free it.
     Leaked,
 }
 
-pub(crate) struct OpState {
-    status: OperationStatus,
-    error: Option<String>,
-    pending: Pending,
-    lease: Option<RemoteLease>,
-    /// Descriptors of a dropped operation whose transfer is still draining:
-    /// freed when the backend lets go of them, leaked if it never does.
-    orphans: Vec<Descriptor>,
-    wakers: Vec<Waker>,
+impl Pending {
+    /// Whether the engine still has something to do for an active operation.
+    fn needs_driving(self) -> bool {
+        matches!(
+            self,
+            Pending::Transfer(_) | Pending::Releasing | Pending::Draining(_)
+        )
+    }
 }
 
-/// Shared between an operation, its waiters and the progress engine.
+/// What the thread that decided an operation's outcome asks of the backend.
+enum LetGo {
+    Nothing,
+    Release(TransferId),
+    Revoke(ExposureId),
+}
+
+struct OpState {
+    /// The decided status (mirrored in `OpShared::status` for lock-free reads).
+    status: OperationStatus,
+    error: Option<String>,
+    /// The outcome is decided and the backend was asked to let go: waiters
+    /// may return.
+    settled: bool,
+    pending: Pending,
+    lease: Option<RemoteLease>,
+    /// Descriptors of a dropped operation that the backend has not let go of
+    /// yet: freed when it does, leaked if it never does.
+    orphans: Option<Held>,
+    /// One waker per future polling the operation, by slot.
+    wakers: Vec<(u64, Waker)>,
+    next_slot: u64,
+}
+
+impl OpState {
+    fn result(&self) -> Result<()> {
+        match self.status {
+            OperationStatus::Complete => Ok(()),
+            OperationStatus::Errored => Err(Error::TransferFailed(
+                self.error.clone().unwrap_or_default(),
+            )),
+            _ => Err(Error::Cancelled),
+        }
+    }
+
+    /// What to let go of once `pending` says the backend no longer holds the
+    /// memory (or never will let go of it).
+    fn take_freed(&mut self) -> Freed {
+        match self.pending {
+            Pending::Nothing => Freed {
+                orphans: self.orphans.take(),
+                free: true,
+                _lease: self.lease.take(),
+            },
+            // The peer entry stays loaded while a draining transfer may use it.
+            Pending::Leaked => Freed {
+                orphans: self.orphans.take(),
+                free: false,
+                _lease: self.lease.take(),
+            },
+            _ => Freed::default(),
+        }
+    }
+}
+
+/// Taken out of the state under the lock, dropped after it: dropping
+/// descriptors deregisters them and dropping a lease may unload a peer, both
+/// calls into the backend.
+#[derive(Default)]
+struct Freed {
+    orphans: Option<Held>,
+    /// Whether `orphans` may be freed; if not, dropping the `Held` leaks them.
+    free: bool,
+    /// Dropped after the lock, like the descriptors: the last lease on a peer
+    /// may unload it.
+    _lease: Option<RemoteLease>,
+}
+
+impl Drop for Freed {
+    fn drop(&mut self) {
+        if let Some(orphans) = self.orphans.take() {
+            if self.free {
+                drop(orphans.release());
+            } else {
+                drop(orphans);
+            }
+        }
+    }
+}
+
+/// Shared between an operation, its waiters, its futures and the progress engine.
 pub(crate) struct OpShared {
     backend: Arc<dyn RegistrationBackend>,
-    /// What a blocked waiter polls itself (with polled backends).
-    help: Help,
+    /// The decided status, readable without the lock.
+    status: AtomicU8,
+    state: Mutex<OpState>,
+    settled: Condvar,
     /// Threads polling this operation from `wait`; the engine leaves it to them.
     helpers: AtomicUsize,
-    state: Mutex<OpState>,
-    done: Condvar,
     kind: &'static str,
     bytes: usize,
     started: Instant,
@@ -106,7 +214,6 @@ pub(crate) struct OpShared {
 impl OpShared {
     pub(crate) fn new(
         backend: Arc<dyn RegistrationBackend>,
-        help: Help,
         kind: &'static str,
         bytes: usize,
         status: OperationStatus,
@@ -115,17 +222,19 @@ impl OpShared {
     ) -> Arc<OpShared> {
         Arc::new(OpShared {
             backend,
-            help,
-            helpers: AtomicUsize::new(0),
+            status: AtomicU8::new(status as u8),
             state: Mutex::new(OpState {
                 status,
                 error: None,
+                settled: false,
                 pending,
                 lease,
-                orphans: Vec::new(),
+                orphans: None,
                 wakers: Vec::new(),
+                next_slot: 0,
             }),
-            done: Condvar::new(),
+            settled: Condvar::new(),
+            helpers: AtomicUsize::new(0),
             kind,
             bytes,
             started: Instant::now(),
@@ -133,60 +242,88 @@ impl OpShared {
     }
 
     fn lock(&self) -> MutexGuard<'_, OpState> {
-        // The state stays consistent across a panic in a user's waker, so a
-        // poisoned lock is still usable.
+        // No user code or backend call runs under this lock, and every change
+        // to the state is a single assignment, so a poisoned lock (a panic
+        // while it was held) still guards consistent state.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The current status; a lock-free read that never waits.
     pub(crate) fn status(&self) -> OperationStatus {
-        self.lock().status
+        OperationStatus::from_u8(self.status.load(Ordering::Acquire))
     }
 
     /// Whether the operation ended and the backend let go of its memory.
     pub(crate) fn memory_released(&self) -> bool {
         let st = self.lock();
-        st.status.is_terminal() && matches!(st.pending, Pending::Nothing)
+        st.settled && st.pending == Pending::Nothing
     }
 
-    /// Takes the descriptors of a dropped operation: gives them back to be
-    /// dropped now if the memory is free, keeps them until a draining transfer
-    /// is released, or leaks them if the backend may touch them forever.
-    pub(crate) fn adopt(&self, descriptors: Vec<Descriptor>) -> Option<Vec<Descriptor>> {
-        let mut st = self.lock();
-        match st.pending {
-            Pending::Nothing => Some(descriptors),
-            Pending::Draining(_) | Pending::Transfer(_) => {
-                st.orphans.extend(descriptors);
-                None
-            }
-            Pending::Exposure(_) | Pending::Leaked => {
-                leak(descriptors, self.kind);
-                None
-            }
-        }
-    }
-
-    /// Ends the operation unless it already ended; releases what the backend holds.
-    pub(crate) fn finish(&self, outcome: Outcome) {
-        let mut st = self.lock();
-        let released = self.finish_locked(&mut st, outcome);
-        drop(st);
-        drop(released);
-    }
-
-    fn finish_locked(&self, st: &mut OpState, outcome: Outcome) -> Released {
+    /// Decides the outcome unless one was decided already; returns what the
+    /// deciding thread must then ask of the backend.
+    fn decide(&self, st: &mut OpState, outcome: Outcome) -> Option<LetGo> {
         if st.status.is_terminal() {
-            return Released::default();
+            return None;
         }
         let (status, error) = match outcome {
             Outcome::Complete => (OperationStatus::Complete, None),
             Outcome::Cancelled => (OperationStatus::Cancelled, None),
             Outcome::Failed(reason) => (OperationStatus::Errored, Some(reason)),
         };
-        let mut released = Released::default();
-        match std::mem::replace(&mut st.pending, Pending::Nothing) {
-            Pending::Transfer(id) | Pending::Draining(id) => released = self.release_locked(st, id),
-            Pending::Exposure(id) => {
+        st.status = status;
+        st.error = error;
+        self.status.store(status as u8, Ordering::Release);
+        let let_go = match st.pending {
+            Pending::Transfer(id) => LetGo::Release(id),
+            Pending::Exposure(id) => LetGo::Revoke(id),
+            _ => return Some(LetGo::Nothing),
+        };
+        st.pending = Pending::Releasing;
+        Some(let_go)
+    }
+
+    /// Ends the operation with `outcome` unless it already ended, and settles
+    /// it. Returns whether this call decided the outcome.
+    pub(crate) fn finish(&self, outcome: Outcome) -> bool {
+        let let_go = self.decide(&mut self.lock(), outcome);
+        match let_go {
+            Some(let_go) => {
+                self.settle(let_go);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Asks the backend to let go (no lock held), records its answer, frees
+    /// what may be freed and wakes waiters. If the backend panics, the memory
+    /// is leaked, waiters are woken, and the panic goes on.
+    fn settle(&self, let_go: LetGo) {
+        match catch_unwind(AssertUnwindSafe(|| self.let_go(let_go))) {
+            Ok(pending) => self.publish(pending),
+            Err(panic) => {
+                tracing::error!(
+                    op = self.kind,
+                    "the backend panicked while letting go of the operation's memory; leaking it"
+                );
+                self.publish(Some(Pending::Leaked));
+                resume_unwind(panic);
+            }
+        }
+    }
+
+    fn let_go(&self, let_go: LetGo) -> Option<Pending> {
+        match let_go {
+            LetGo::Nothing => None,
+            LetGo::Release(id) => Some(match self.backend.release(id) {
+                Ok(true) => Pending::Nothing,
+                Ok(false) => Pending::Draining(id),
+                Err(error) => {
+                    tracing::error!(%error, transfer = id.0, "the backend lost a transfer; its memory will be leaked, not freed");
+                    Pending::Leaked
+                }
+            }),
+            LetGo::Revoke(id) => {
                 let revoked = match self.backend.revoke(id) {
                     Ok(()) => self.backend.revocation_enforced(),
                     Err(error) => {
@@ -196,55 +333,82 @@ impl OpShared {
                 };
                 // A peer that notified completion is done with the memory; one
                 // that was never told to stop might still write.
-                if !revoked && status != OperationStatus::Complete {
-                    st.pending = Pending::Leaked;
-                }
+                let complete = self.status() == OperationStatus::Complete;
+                Some(if revoked || complete {
+                    Pending::Nothing
+                } else {
+                    Pending::Leaked
+                })
             }
-            other => st.pending = other,
         }
-        st.status = status;
-        st.error = error;
-        tracing::debug!(
-            op = self.kind,
-            status = ?status,
-            bytes = self.bytes,
-            elapsed_us = self.started.elapsed().as_micros() as u64,
-            reason = st.error.as_deref().unwrap_or(""),
-            "operation finished"
-        );
-        self.done.notify_all();
-        for waker in st.wakers.drain(..) {
-            waker.wake();
-        }
-        if !matches!(st.pending, Pending::Draining(_)) {
-            // The peer stays loaded while a draining transfer may still use it.
-            st.lease = None;
-        }
-        released
     }
 
-    /// Asks the backend to let go of a transfer; sets `pending` accordingly.
-    fn release_locked(&self, st: &mut OpState, id: TransferId) -> Released {
-        let mut released = Released::default();
-        match self.backend.release(id) {
-            Ok(true) => {
-                st.pending = Pending::Nothing;
-                released.orphans = std::mem::take(&mut st.orphans);
+    /// Records what the backend still holds, marks the operation settled and
+    /// wakes everyone waiting for it.
+    fn publish(&self, pending: Option<Pending>) {
+        let (freed, wakers) = {
+            let mut st = self.lock();
+            if let Some(pending) = pending {
+                st.pending = pending;
             }
-            Ok(false) => {
-                st.pending = Pending::Draining(id);
-                return released;
+            let first = !st.settled;
+            st.settled = true;
+            if first {
+                tracing::debug!(
+                    op = self.kind,
+                    status = ?st.status,
+                    bytes = self.bytes,
+                    elapsed_us = self.started.elapsed().as_micros() as u64,
+                    reason = st.error.as_deref().unwrap_or(""),
+                    pending = ?st.pending,
+                    "operation finished"
+                );
             }
-            Err(error) => {
-                tracing::error!(%error, transfer = id.0, "the backend lost a transfer; its memory will be leaked, not freed");
-                st.pending = Pending::Leaked;
-                leak(std::mem::take(&mut st.orphans), self.kind);
+            (st.take_freed(), std::mem::take(&mut st.wakers))
+        };
+        self.settled.notify_all();
+        drop(freed);
+        for (_, waker) in wakers {
+            if catch_unwind(AssertUnwindSafe(|| waker.wake())).is_err() {
+                tracing::error!(
+                    op = self.kind,
+                    "a waker panicked; the operation ended regardless"
+                );
             }
         }
-        // Released under the lock, so whoever sees the memory released also sees
-        // the peer's reference dropped. (Lock order: operation, then remote cache.)
-        st.lease = None;
-        released
+    }
+
+    /// Ends a dropped operation: cancels it unless it already ended, then
+    /// takes its descriptors (see [`adopt`](Self::adopt)). If the cancel
+    /// panics (a backend bug), `descriptors` is dropped while unwinding, which
+    /// leaks them.
+    pub(crate) fn abandon(&self, descriptors: Held) {
+        self.finish(Outcome::Cancelled);
+        self.adopt(descriptors);
+    }
+
+    /// Takes the descriptors of a dropped operation: frees them now if the
+    /// backend let go of the memory, keeps them until a transfer being released
+    /// or drained lets go, or leaks them if the backend may touch them forever.
+    fn adopt(&self, descriptors: Held) {
+        let free = {
+            let mut st = self.lock();
+            match st.pending {
+                Pending::Nothing => Some(descriptors),
+                Pending::Transfer(_) | Pending::Releasing | Pending::Draining(_) => {
+                    st.orphans = Some(descriptors);
+                    None
+                }
+                Pending::Exposure(_) | Pending::Leaked => {
+                    drop(st);
+                    drop(descriptors); // leaks, with an error in the log
+                    None
+                }
+            }
+        };
+        if let Some(descriptors) = free {
+            drop(descriptors.release());
+        }
     }
 
     /// Whether the engine should poll this operation: nobody waiting is polling
@@ -254,49 +418,55 @@ impl OpShared {
         self.helpers.load(Ordering::Acquire) == 0 && self.started.elapsed() >= ENGINE_GRACE
     }
 
-    /// Drives an active operation: polls its transfer, or keeps releasing a
-    /// draining one. True once the engine can forget the operation.
-    pub(crate) fn poll_transfer(&self) -> bool {
-        let mut st = self.lock();
-        let released = match st.pending {
-            Pending::Transfer(id) => {
-                let outcome = match self.backend.poll(id) {
-                    TransferState::InProgress => return false,
-                    TransferState::Done => Outcome::Complete,
-                    TransferState::Failed(reason) => Outcome::Failed(reason),
-                };
-                self.finish_locked(&mut st, outcome)
+    /// Moves an active operation on: polls its transfer (deciding and settling
+    /// it when the backend reports an end), or asks again to release a draining
+    /// one. True once the engine can forget the operation.
+    pub(crate) fn drive(&self) -> bool {
+        let (id, draining) = {
+            let mut st = self.lock();
+            match st.pending {
+                Pending::Transfer(id) => (id, false),
+                Pending::Draining(id) => {
+                    st.pending = Pending::Releasing;
+                    (id, true)
+                }
+                Pending::Releasing => return false,
+                Pending::Nothing | Pending::Exposure(_) | Pending::Leaked => return true,
             }
-            Pending::Draining(id) => self.release_locked(&mut st, id),
-            _ => return true,
         };
-        let settled = !matches!(st.pending, Pending::Transfer(_) | Pending::Draining(_));
-        drop(st);
-        drop(released);
-        settled
-    }
-
-    fn result(st: &OpState) -> Option<Result<()>> {
-        match st.status {
-            OperationStatus::Complete => Some(Ok(())),
-            OperationStatus::Cancelled => Some(Err(Error::Cancelled)),
-            OperationStatus::Errored => Some(Err(Error::TransferFailed(
-                st.error.clone().unwrap_or_default(),
-            ))),
-            _ => None,
+        if draining {
+            self.settle(LetGo::Release(id));
+        } else {
+            let outcome = match self.backend.poll(id) {
+                TransferState::InProgress => return false,
+                TransferState::Done => Outcome::Complete,
+                TransferState::Failed(reason) => Outcome::Failed(reason),
+            };
+            let let_go = {
+                let mut st = self.lock();
+                // Someone else may have decided meanwhile (a cancel): theirs stands.
+                if st.pending == Pending::Transfer(id) {
+                    self.decide(&mut st, outcome)
+                } else {
+                    None
+                }
+            };
+            if let Some(let_go) = let_go {
+                self.settle(let_go);
+            }
         }
+        !self.lock().pending.needs_driving()
     }
 
-    /// Blocks until the operation ends or `timeout` passes.
+    /// Blocks until the operation is settled or `timeout` passes.
     ///
-    /// With a polled backend, the waiting thread first polls itself (the transfer,
-    /// or the notifications) for up to [`HELP_WINDOW`]: it would otherwise sleep
-    /// until the engine thread noticed and woke it, and with NIXL polling is what
-    /// drives the transfer.
-    pub(crate) fn wait(&self, timeout: Option<Duration>) -> Result<()> {
+    /// `help`, if given, is one round of polling the waiting thread does itself
+    /// for up to [`HELP_WINDOW`] before it sleeps (with a polled backend it
+    /// would otherwise sleep until the engine thread noticed and woke it).
+    pub(crate) fn wait(&self, timeout: Option<Duration>, help: Option<&dyn Fn()>) -> Result<()> {
         // A timeout too large to represent is no timeout.
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
-        if !matches!(self.help, Help::Nothing) {
+        if let Some(help) = help {
             let window = Instant::now() + HELP_WINDOW;
             let until = deadline.map_or(window, |d| d.min(window));
             self.helpers.fetch_add(1, Ordering::AcqRel);
@@ -304,43 +474,33 @@ impl OpShared {
             loop {
                 {
                     let st = self.lock();
-                    if let Some(result) = Self::result(&st) {
-                        return result;
+                    if st.settled {
+                        return st.result();
                     }
-                }
-                let settled = match &self.help {
-                    Help::Transfer => self.poll_transfer(),
-                    Help::Notifications(engine) => match engine.upgrade() {
-                        Some(engine) => {
-                            engine.drain_notifications();
-                            false
-                        }
-                        None => true,
-                    },
-                    Help::Nothing => true,
-                };
-                if settled && !self.status().is_terminal() {
-                    break;
                 }
                 if Instant::now() >= until {
                     break;
                 }
+                help();
                 std::thread::yield_now();
             }
         }
         let mut st = self.lock();
         loop {
-            if let Some(result) = Self::result(&st) {
-                return result;
+            if st.settled {
+                return st.result();
             }
             st = match deadline {
-                None => self.done.wait(st).unwrap_or_else(PoisonError::into_inner),
+                None => self
+                    .settled
+                    .wait(st)
+                    .unwrap_or_else(PoisonError::into_inner),
                 Some(deadline) => {
                     let now = Instant::now();
                     if now >= deadline {
                         return Err(Error::TimedOut(timeout.unwrap_or_default()));
                     }
-                    self.done
+                    self.settled
                         .wait_timeout(st, deadline - now)
                         .unwrap_or_else(PoisonError::into_inner)
                         .0
@@ -349,18 +509,71 @@ impl OpShared {
         }
     }
 
-    /// Future-style readiness: registers the waker until the operation ends.
-    pub(crate) fn poll_done(&self, cx: &mut Context<'_>) -> Poll<Result<()>> {
-        let mut st = self.lock();
-        match Self::result(&st) {
-            Some(result) => Poll::Ready(result),
-            None => {
-                if !st.wakers.iter().any(|w| w.will_wake(cx.waker())) {
-                    st.wakers.push(cx.waker().clone());
-                }
-                Poll::Pending
+    /// Future-style readiness for the future owning waker slot `slot`
+    /// (`None` until its first poll): keeps that future's latest waker only.
+    pub(crate) fn poll_settled(
+        &self,
+        slot: &mut Option<u64>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<()>> {
+        {
+            let st = self.lock();
+            if st.settled {
+                return Poll::Ready(st.result());
+            }
+            let current = slot.and_then(|s| st.wakers.iter().find(|(id, _)| *id == s));
+            if current.is_some_and(|(_, w)| w.will_wake(cx.waker())) {
+                return Poll::Pending;
             }
         }
+        // Cloning a waker runs the executor's code: not under the lock.
+        let waker = cx.waker().clone();
+        let replaced = {
+            let mut st = self.lock();
+            if st.settled {
+                let result = st.result();
+                drop(st);
+                drop(waker);
+                return Poll::Ready(result);
+            }
+            let existing = slot.and_then(|s| st.wakers.iter_mut().find(|(id, _)| *id == s));
+            match existing {
+                Some((_, w)) => Some(std::mem::replace(w, waker)),
+                None => {
+                    let id = st.next_slot;
+                    st.next_slot += 1;
+                    st.wakers.push((id, waker));
+                    *slot = Some(id);
+                    None
+                }
+            }
+        };
+        drop(replaced);
+        Poll::Pending
+    }
+
+    /// Forgets the waker of a future that is going away.
+    pub(crate) fn forget_waker(&self, slot: u64) {
+        let removed = {
+            let mut st = self.lock();
+            st.wakers
+                .iter()
+                .position(|(id, _)| *id == slot)
+                .map(|i| st.wakers.swap_remove(i))
+        };
+        drop(removed);
+    }
+
+    /// Wakers currently registered (one per pending future).
+    #[cfg(test)]
+    pub(crate) fn waker_count(&self) -> usize {
+        self.lock().wakers.len()
+    }
+
+    /// What the backend holds right now.
+    #[cfg(test)]
+    pub(crate) fn pending(&self) -> Pending {
+        self.lock().pending
     }
 }
 
@@ -370,34 +583,5 @@ struct Helping<'a>(&'a AtomicUsize);
 impl Drop for Helping<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// What releasing a transfer hands back, dropped after the state lock is
-/// released (deregistering calls into the backend).
-#[derive(Default)]
-struct Released {
-    orphans: Vec<Descriptor>,
-}
-
-fn leak(descriptors: Vec<Descriptor>, kind: &str) {
-    if descriptors.is_empty() {
-        return;
-    }
-    let bytes: usize = descriptors.iter().map(Descriptor::size).sum();
-    tracing::error!(
-        op = kind,
-        bytes,
-        "a peer or the backend may still touch this memory: leaking it instead of freeing it"
-    );
-    std::mem::forget(descriptors);
-}
-
-impl Drop for OpShared {
-    fn drop(&mut self) {
-        let st = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
-        if !matches!(st.pending, Pending::Nothing) {
-            leak(std::mem::take(&mut st.orphans), self.kind);
-        }
     }
 }

@@ -1,0 +1,43 @@
+//! Regression test from the review (issue "Hardening", defect 9): one
+//! unloadable metadata blob unloaded every idle peer (the cache retried the
+//! load after evicting them all). A refused blob now changes nothing.
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+use backend_loopback::{Fabric, LoopbackBackend};
+use descriptor_core::conformance::{filled, zeroed_one};
+use descriptor_core::{Connector, OperationKind, RdmaMetadata};
+
+#[test]
+fn garbage_metadata_does_not_flush_the_idle_peer_cache() {
+    let fabric = Fabric::new();
+    let client = Connector::new(LoopbackBackend::new(&fabric, "client").unwrap());
+    let mut servers = Vec::new();
+    for i in 0..8 {
+        let server = Connector::new(LoopbackBackend::new(&fabric, &format!("s{i}")).unwrap());
+        let readable = server.create_readable(filled(i, 64)).unwrap();
+        client
+            .begin_read(readable.metadata(), zeroed_one(64))
+            .unwrap()
+            .wait()
+            .unwrap();
+        readable.wait().unwrap();
+        servers.push(server);
+    }
+    assert_eq!(client.idle_remote_agent_count(), 8);
+    // Anyone who can hand us metadata: a well-formed document whose agent blob
+    // the backend refuses.
+    let m = servers[0].create_readable(filled(99, 64)).unwrap();
+    let junk = RdmaMetadata::new(
+        OperationKind::Read,
+        m.metadata().descriptors().to_vec(),
+        b"junk".to_vec(),
+        m.metadata().notification_key().to_owned(),
+    )
+    .unwrap();
+    assert!(client.begin_read(&junk, zeroed_one(64)).is_err());
+    assert_eq!(
+        client.idle_remote_agent_count(),
+        8,
+        "one refused blob unloaded every idle peer (each must now reload/reconnect)"
+    );
+}

@@ -1,0 +1,287 @@
+//! The operation state machine, model-checked with loom: every interleaving of
+//! small, bounded models of complete / fail / cancel / drop / wait / future
+//! polls with changing wakers / engine passes, over the scripted backend.
+//!
+//! Run by `cargo xtask test` as
+//! `RUSTFLAGS="--cfg loom" cargo test -p descriptor-core --lib --release loom`
+//! (built in `target/loom`). Invariants checked in every interleaving:
+//! - memory is freed at most once, and only after the backend let go of it
+//!   (the scripted backend's tracked memory records an early free);
+//! - a terminal status never changes (every status any thread saw after it
+//!   turned terminal is the final one);
+//! - every waiter is woken: a blocked `wait` returns (loom reports a deadlock
+//!   otherwise), and a future whose last poll was pending has had its latest
+//!   waker woken.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicUsize as StdAtomicUsize, Ordering as StdOrdering};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::task::{Context, Poll, Wake, Waker};
+
+use loom::thread;
+
+use super::held::Held;
+
+/// Interleavings with up to this many preemptions are explored exhaustively.
+const PREEMPTION_BOUND: Option<usize> = Some(6);
+use super::state::{OpShared, OperationStatus, Outcome, Pending};
+use crate::backend::{ExposureId, RegistrationBackend, TransferId, TransferState};
+use crate::error::Error;
+use crate::testing::{Release, Scripted};
+
+fn model(f: impl Fn() + Sync + Send + 'static) {
+    let runs = Arc::new(StdAtomicUsize::new(0));
+    let counted = Arc::clone(&runs);
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = PREEMPTION_BOUND;
+    builder.check(move || {
+        counted.fetch_add(1, StdOrdering::SeqCst);
+        f();
+    });
+    eprintln!(
+        "loom: {} interleavings explored",
+        runs.load(StdOrdering::SeqCst)
+    );
+}
+
+fn active(backend: &Arc<Scripted>) -> Arc<OpShared> {
+    OpShared::new(
+        Arc::clone(backend) as Arc<dyn RegistrationBackend>,
+        "read",
+        8,
+        OperationStatus::InProgress,
+        Pending::Transfer(TransferId(1)),
+        None,
+    )
+}
+
+fn passive(backend: &Arc<Scripted>) -> Arc<OpShared> {
+    OpShared::new(
+        Arc::clone(backend) as Arc<dyn RegistrationBackend>,
+        "readable",
+        8,
+        OperationStatus::Initialized,
+        Pending::Exposure(ExposureId(1)),
+        None,
+    )
+}
+
+/// Status observations, to check that a terminal status never changes.
+#[derive(Default, Clone)]
+struct Seen(Arc<StdMutex<Vec<OperationStatus>>>);
+
+impl Seen {
+    fn record(&self, op: &OpShared) {
+        // Read before taking the (std, unmodelled) lock: loom may switch
+        // threads at the atomic read, and must not do so while it is held.
+        let status = op.status();
+        self.0.lock().unwrap().push(status);
+    }
+
+    fn check(&self, op: &OpShared) {
+        let last = op.status();
+        assert!(last.is_terminal(), "the operation never ended: {last:?}");
+        for s in self.0.lock().unwrap().iter() {
+            assert!(
+                !s.is_terminal() || *s == last,
+                "a terminal status changed: saw {s:?}, ended {last:?}"
+            );
+        }
+    }
+}
+
+/// Drives `op` like the engine does until it can forget it.
+fn engine(op: &OpShared) {
+    while !op.drive() {
+        thread::yield_now();
+    }
+}
+
+/// The engine completes the transfer while the user cancels and then drops the
+/// operation, and a second driver (the backend's event hook) runs too. Each
+/// driver makes one pass: with the transfer done and `release` letting go at
+/// once, one pass by anybody settles it.
+#[test]
+fn loom_complete_races_cancel_and_drop() {
+    model(|| {
+        let backend = Arc::new(Scripted::new(true, false));
+        backend.set_poll(TransferState::Done);
+        let op = active(&backend);
+        let (d, freed) = backend.tracked(8);
+        let held = Held::new(vec![d]);
+        let seen = Seen::default();
+        let drivers: Vec<_> = (0..2)
+            .map(|_| {
+                let (op, seen) = (Arc::clone(&op), seen.clone());
+                thread::spawn(move || {
+                    op.drive();
+                    seen.record(&op);
+                })
+            })
+            .collect();
+        seen.record(&op);
+        op.finish(Outcome::Cancelled);
+        seen.record(&op);
+        op.abandon(held);
+        seen.record(&op);
+        for d in drivers {
+            d.join().unwrap();
+        }
+        seen.check(&op);
+        assert_eq!(freed.load(StdOrdering::SeqCst), 1, "freed exactly once");
+        assert!(!backend.freed_early());
+        assert_eq!(op.pending(), Pending::Nothing);
+    });
+}
+
+/// A cancelled transfer the backend cannot let go of yet (Draining): the
+/// engine keeps releasing it, the dropped operation's memory is freed when
+/// the backend lets go, never before; a blocked waiter returns.
+#[test]
+fn loom_draining_memory_is_freed_only_once_released() {
+    model(|| {
+        let backend = Arc::new(Scripted::new(true, false));
+        backend.script_releases(&[Release::Busy]);
+        let op = active(&backend);
+        let (d, freed) = backend.tracked(8);
+        let held = Held::new(vec![d]);
+        let waiter = {
+            let op = Arc::clone(&op);
+            thread::spawn(move || op.wait(None, None))
+        };
+        let driver = {
+            let op = Arc::clone(&op);
+            thread::spawn(move || engine(&op))
+        };
+        op.finish(Outcome::Cancelled);
+        op.abandon(held);
+        assert!(matches!(waiter.join().unwrap(), Err(Error::Cancelled)));
+        driver.join().unwrap();
+        assert_eq!(freed.load(StdOrdering::SeqCst), 1);
+        assert!(!backend.freed_early());
+    });
+}
+
+struct Counting(StdAtomicUsize);
+
+impl Wake for Counting {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, StdOrdering::SeqCst);
+    }
+}
+
+/// A blocked waiter and a future that re-polls with a new waker, while the
+/// engine completes (or fails) the transfer: both learn the outcome.
+#[test]
+fn loom_waiters_and_futures_with_changing_wakers_are_woken() {
+    for end in [TransferState::Done, TransferState::Failed("boom".into())] {
+        model(move || {
+            let backend = Arc::new(Scripted::new(true, false));
+            backend.set_poll(end.clone());
+            let op = active(&backend);
+            let waiter = {
+                let op = Arc::clone(&op);
+                thread::spawn(move || op.wait(None, None))
+            };
+            let wakers = [
+                Arc::new(Counting(StdAtomicUsize::new(0))),
+                Arc::new(Counting(StdAtomicUsize::new(0))),
+            ];
+            let future = {
+                let (op, wakers) = (Arc::clone(&op), wakers.clone());
+                thread::spawn(move || {
+                    let mut slot = None;
+                    let mut last = Poll::Pending;
+                    for w in &wakers {
+                        let waker = Waker::from(Arc::clone(w));
+                        last = op.poll_settled(&mut slot, &mut Context::from_waker(&waker));
+                    }
+                    last.is_pending()
+                })
+            };
+            engine(&op);
+            let waited = waiter.join().unwrap();
+            let pending = future.join().unwrap();
+            match end {
+                TransferState::Done => assert!(waited.is_ok()),
+                _ => assert!(matches!(waited, Err(Error::TransferFailed(_)))),
+            }
+            if pending {
+                assert_eq!(
+                    wakers[1].0.load(StdOrdering::SeqCst),
+                    1,
+                    "the future's latest waker was not woken"
+                );
+            }
+            assert_eq!(op.waker_count(), 0, "a settled operation keeps no waker");
+        });
+    }
+}
+
+/// The backend panics while letting go: the memory is leaked (never freed),
+/// and a blocked waiter still returns.
+#[test]
+fn loom_a_panic_in_release_leaks_and_wakes() {
+    // The scripted panic is expected in every interleaving: don't print it.
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let scripted = info
+            .payload()
+            .downcast_ref::<&str>()
+            .is_some_and(|m| m.starts_with("scripted:"));
+        if !scripted {
+            default(info);
+        }
+    }));
+    model(|| {
+        let backend = Arc::new(Scripted::new(true, false));
+        backend.script_releases(&[Release::Panic]);
+        let op = active(&backend);
+        let (d, freed) = backend.tracked(8);
+        let held = Held::new(vec![d]);
+        let waiter = {
+            let op = Arc::clone(&op);
+            thread::spawn(move || op.wait(None, None))
+        };
+        let cancelled = catch_unwind(AssertUnwindSafe(|| op.finish(Outcome::Cancelled)));
+        assert!(cancelled.is_err());
+        op.abandon(held);
+        assert!(matches!(waiter.join().unwrap(), Err(Error::Cancelled)));
+        assert_eq!(op.pending(), Pending::Leaked);
+        assert_eq!(freed.load(StdOrdering::SeqCst), 0);
+    });
+}
+
+/// A passive operation on a backend that cannot revoke: its peer's
+/// notification races a cancel and the drop. Completed, the memory is freed
+/// (the peer said it is done); cancelled first, it is leaked.
+#[test]
+fn loom_passive_notification_races_cancel_and_drop() {
+    model(|| {
+        let backend = Arc::new(Scripted::new(false, false));
+        let op = passive(&backend);
+        let (d, freed) = backend.tracked(8);
+        let held = Held::new(vec![d]);
+        let seen = Seen::default();
+        let notified = {
+            let (op, seen, backend) = (Arc::clone(&op), seen.clone(), Arc::clone(&backend));
+            thread::spawn(move || {
+                backend.peer_done();
+                op.finish(Outcome::Complete);
+                seen.record(&op);
+            })
+        };
+        op.finish(Outcome::Cancelled);
+        seen.record(&op);
+        op.abandon(held);
+        notified.join().unwrap();
+        seen.check(&op);
+        let expected = match op.status() {
+            OperationStatus::Complete => 1,
+            _ => 0,
+        };
+        assert_eq!(freed.load(StdOrdering::SeqCst), expected);
+        assert!(!backend.freed_early());
+    });
+}

@@ -1,0 +1,373 @@
+//! The operation state machine against the scripted backend: the paths a real
+//! backend reaches only sometimes (draining, leaked, a backend or a waker that
+//! panics or re-enters), each checked for "no memory freed before the backend
+//! let go", "waiters are woken", "no hang" (bounded waits, never a timed
+//! assertion).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::future::Future;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+use super::state::Pending;
+use crate::backend::{Notification, RegistrationBackend, TransferState};
+use crate::testing::{Release, Scripted};
+use crate::{
+    Connector, Descriptor, Device, Error, OperationKind, OperationStatus, RdmaMetadata,
+    SerializedDescriptor,
+};
+
+const BOUND: Duration = Duration::from_secs(10);
+
+fn connector(backend: &Arc<Scripted>) -> Connector {
+    Connector::from_arc(Arc::clone(backend) as Arc<dyn RegistrationBackend>)
+}
+
+/// Metadata of a readable of `len` bytes on the scripted peer.
+fn remote(len: usize) -> RdmaMetadata {
+    RdmaMetadata::new(
+        OperationKind::Read,
+        vec![SerializedDescriptor {
+            device: Device::HOST,
+            ptr: 0x1000,
+            size: len as u64,
+        }],
+        b"scripted agent".to_vec(),
+        "key".into(),
+    )
+    .unwrap()
+}
+
+/// Polls `condition` until it holds; fails after [`BOUND`].
+fn eventually(what: &str, condition: impl Fn() -> bool) {
+    let deadline = Instant::now() + BOUND;
+    while !condition() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Runs `f` on another thread; its result, or a failure after [`BOUND`].
+fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(BOUND)
+        .unwrap_or_else(|_| panic!("hung: {what}"))
+}
+
+#[test]
+fn a_draining_transfer_keeps_its_memory_until_the_backend_lets_go() {
+    let backend = Arc::new(Scripted::new(true, false));
+    let c = connector(&backend);
+    let (local, freed) = backend.tracked(512);
+    backend.script_releases(&[Release::Busy, Release::Busy, Release::Busy]);
+    let read = c.begin_read(&remote(512), vec![local]).unwrap();
+    assert_eq!(read.status(), OperationStatus::InProgress);
+    read.cancel();
+    assert_eq!(read.status(), OperationStatus::Cancelled);
+    assert!(matches!(read.wait(), Err(Error::Cancelled)));
+    // The backend said "still running": no memory comes back yet.
+    assert!(matches!(
+        read.core.shared.pending(),
+        Pending::Draining(_) | Pending::Releasing
+    ));
+    let read = read.into_descriptors().unwrap_err();
+    drop(read);
+    // The engine asks again until the backend lets go, then frees it.
+    eventually("the drained memory is freed", || {
+        freed.load(Ordering::SeqCst) == 1
+    });
+    assert!(backend.let_go());
+    assert!(!backend.freed_early());
+}
+
+#[test]
+fn a_draining_transfer_hands_its_memory_back_once_released() {
+    let backend = Arc::new(Scripted::new(true, false));
+    let c = connector(&backend);
+    let (local, freed) = backend.tracked(64);
+    backend.script_releases(&[Release::Busy]);
+    let read = c.begin_read(&remote(64), vec![local]).unwrap();
+    read.cancel();
+    let mut read = read;
+    let deadline = Instant::now() + BOUND;
+    let back = loop {
+        match read.into_descriptors() {
+            Ok(back) => break back,
+            Err(again) => {
+                assert!(Instant::now() < deadline, "never handed back");
+                read = again;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    };
+    assert!(backend.let_go());
+    assert_eq!(back.len(), 1);
+    drop(back);
+    assert_eq!(freed.load(Ordering::SeqCst), 1);
+    assert!(!backend.freed_early());
+}
+
+#[test]
+fn a_transfer_the_backend_lost_is_leaked_never_freed() {
+    let backend = Arc::new(Scripted::new(true, false));
+    let c = connector(&backend);
+    let (local, freed) = backend.tracked(64);
+    backend.script_releases(&[Release::Lost]);
+    let read = c.begin_read(&remote(64), vec![local]).unwrap();
+    read.cancel();
+    assert!(matches!(read.wait(), Err(Error::Cancelled)));
+    let read = read.into_descriptors().unwrap_err();
+    drop(read);
+    drop(c); // joins the engine: nothing is left to free the memory later
+    assert_eq!(freed.load(Ordering::SeqCst), 0, "leaked memory was freed");
+}
+
+#[test]
+fn a_panic_in_release_leaks_the_memory_and_still_wakes_waiters() {
+    let backend = Arc::new(Scripted::new(true, false));
+    let c = connector(&backend);
+    let (local, freed) = backend.tracked(64);
+    backend.script_releases(&[Release::Panic]);
+    let read = Arc::new(c.begin_read(&remote(64), vec![local]).unwrap());
+    let waiter = {
+        let read = Arc::clone(&read);
+        std::thread::spawn(move || read.wait())
+    };
+    let cancelled = catch_unwind(AssertUnwindSafe(|| read.cancel()));
+    assert!(
+        cancelled.is_err(),
+        "the backend's panic comes out of cancel"
+    );
+    assert_eq!(read.status(), OperationStatus::Cancelled);
+    let waited = within("the waiter returns", move || waiter.join().unwrap());
+    assert!(matches!(waited, Err(Error::Cancelled)), "{waited:?}");
+    let read = Arc::into_inner(read).unwrap();
+    let read = read.into_descriptors().unwrap_err();
+    drop(read);
+    drop(c);
+    assert_eq!(
+        freed.load(Ordering::SeqCst),
+        0,
+        "memory freed after a panic"
+    );
+}
+
+#[test]
+fn a_panic_in_release_while_dropping_leaks_the_memory() {
+    let backend = Arc::new(Scripted::new(true, false));
+    let c = connector(&backend);
+    let (local, freed) = backend.tracked(64);
+    backend.script_releases(&[Release::Panic]);
+    let read = c.begin_read(&remote(64), vec![local]).unwrap();
+    assert!(catch_unwind(AssertUnwindSafe(move || drop(read))).is_err());
+    drop(c);
+    assert_eq!(freed.load(Ordering::SeqCst), 0);
+    assert!(!backend.freed_early());
+}
+
+#[test]
+fn a_panic_in_poll_on_the_engine_thread_does_not_stop_the_engine() {
+    let backend = Arc::new(Scripted::new(true, false));
+    let c = connector(&backend);
+    let first = c
+        .begin_read(&remote(64), vec![Descriptor::new(vec![0u8; 64]).unwrap()])
+        .unwrap();
+    backend.poll_panics.store(true, Ordering::SeqCst);
+    // Let the engine poll it (and panic) a few times.
+    eventually("the engine polled", || {
+        std::thread::sleep(Duration::from_millis(5));
+        true
+    });
+    backend.poll_panics.store(false, Ordering::SeqCst);
+    backend.set_poll(TransferState::Done);
+    // Nobody waits: only the engine can see either transfer end.
+    let second = c
+        .begin_read(&remote(64), vec![Descriptor::new(vec![0u8; 64]).unwrap()])
+        .unwrap();
+    eventually("the engine completed both", || {
+        first.status() == OperationStatus::Complete && second.status() == OperationStatus::Complete
+    });
+    assert!(second.into_descriptors().is_ok());
+}
+
+#[test]
+fn a_passive_operation_cancelled_on_a_backend_that_cannot_revoke_leaks() {
+    let backend = Arc::new(Scripted::new(false, false));
+    let c = connector(&backend);
+    let (d, freed) = backend.tracked(64);
+    let readable = c.create_readable(vec![d]).unwrap();
+    readable.cancel();
+    assert!(matches!(readable.wait(), Err(Error::Cancelled)));
+    let readable = readable.into_descriptors().unwrap_err();
+    drop(readable);
+    drop(c);
+    assert_eq!(
+        freed.load(Ordering::SeqCst),
+        0,
+        "a peer might still write it"
+    );
+}
+
+#[test]
+fn a_passive_operation_completed_by_its_peer_hands_its_memory_back() {
+    let backend = Arc::new(Scripted::new(false, false));
+    let c = connector(&backend);
+    let (d, freed) = backend.tracked(64);
+    let readable = c.create_readable(vec![d]).unwrap();
+    backend.inbox.lock().unwrap().push(Notification {
+        from: "peer".into(),
+        payload: readable.metadata().notification_key().as_bytes().to_vec(),
+    });
+    readable.wait_timeout(BOUND).unwrap();
+    let back = readable.into_descriptors().unwrap();
+    drop(back);
+    assert_eq!(freed.load(Ordering::SeqCst), 1);
+    assert!(!backend.freed_early());
+}
+
+#[test]
+fn a_panic_in_revoke_leaks_the_memory_and_the_engine_serves_on() {
+    let backend = Arc::new(Scripted::new(true, false));
+    let c = connector(&backend);
+    let (d, freed) = backend.tracked(64);
+    let readable = c.create_readable(vec![d]).unwrap();
+    backend.revoke_panics.store(true, Ordering::SeqCst);
+    assert!(catch_unwind(AssertUnwindSafe(move || drop(readable))).is_err());
+    backend.revoke_panics.store(false, Ordering::SeqCst);
+    assert_eq!(freed.load(Ordering::SeqCst), 0);
+    // The connector still completes passive operations.
+    let next = c
+        .create_readable(vec![Descriptor::new(vec![1u8; 8]).unwrap()])
+        .unwrap();
+    backend.inbox.lock().unwrap().push(Notification {
+        from: "peer".into(),
+        payload: next.metadata().notification_key().as_bytes().to_vec(),
+    });
+    eventually("the engine completed it", || {
+        next.status() == OperationStatus::Complete
+    });
+}
+
+struct Counting(AtomicUsize);
+
+impl Wake for Counting {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn every_future_waiting_on_one_operation_is_woken() {
+    let backend = Arc::new(Scripted::new(true, false));
+    let c = connector(&backend);
+    let readable = c
+        .create_readable(vec![Descriptor::new(vec![1u8; 8]).unwrap()])
+        .unwrap();
+    let wakers: Vec<Arc<Counting>> = (0..3)
+        .map(|_| Arc::new(Counting(AtomicUsize::new(0))))
+        .collect();
+    let mut futures: Vec<_> = (0..3).map(|_| readable.completion()).collect();
+    for (future, waker) in futures.iter_mut().zip(&wakers) {
+        let waker = Waker::from(Arc::clone(waker));
+        assert!(
+            Pin::new(future)
+                .poll(&mut Context::from_waker(&waker))
+                .is_pending()
+        );
+    }
+    assert_eq!(readable.core.shared.waker_count(), 3);
+    drop(futures.pop()); // a dropped future takes its waker along
+    assert_eq!(readable.core.shared.waker_count(), 2);
+    readable.cancel();
+    assert_eq!(wakers[0].0.load(Ordering::SeqCst), 1);
+    assert_eq!(wakers[1].0.load(Ordering::SeqCst), 1);
+    assert_eq!(wakers[2].0.load(Ordering::SeqCst), 0);
+    for future in &mut futures {
+        let waker = Waker::from(Arc::clone(&wakers[0]));
+        assert!(matches!(
+            Pin::new(future).poll(&mut Context::from_waker(&waker)),
+            Poll::Ready(Err(Error::Cancelled))
+        ));
+    }
+}
+
+/// A waker that runs `f` when woken: re-entrant user code on the thread that
+/// completed the operation.
+struct Reentrant(Mutex<Option<Box<dyn FnOnce() + Send>>>);
+
+impl Wake for Reentrant {
+    fn wake(self: Arc<Self>) {
+        let f = self.0.lock().unwrap().take();
+        if let Some(f) = f {
+            f();
+        }
+    }
+}
+
+#[rstest::rstest]
+#[case::reads_its_status("status")]
+#[case::polls_it_again("poll")]
+#[case::drops_it("drop")]
+#[case::panics("panic")]
+fn a_waker_that_re_enters_its_operation_does_not_deadlock(#[case] action: &'static str) {
+    within(action, move || {
+        let backend = Arc::new(Scripted::new(true, true));
+        let c = connector(&backend);
+        let read = c
+            .begin_read(&remote(64), vec![Descriptor::new(vec![0u8; 64]).unwrap()])
+            .unwrap();
+        let slot: Arc<Mutex<Option<crate::OperationFuture>>> = Arc::default();
+        let seen = Arc::new(Mutex::new(None));
+        let wake = Arc::new(Reentrant(Mutex::new(None)));
+        let waker = Waker::from(Arc::clone(&wake) as Arc<Reentrant>);
+        let mut future = std::future::IntoFuture::into_future(read);
+        assert!(
+            Pin::new(&mut future)
+                .poll(&mut Context::from_waker(&waker))
+                .is_pending()
+        );
+        *slot.lock().unwrap() = Some(future);
+        {
+            let (slot, seen, waker) = (Arc::clone(&slot), Arc::clone(&seen), waker.clone());
+            *wake.0.lock().unwrap() = Some(Box::new(move || {
+                let mut future = slot.lock().unwrap().take().unwrap();
+                match action {
+                    "status" => {
+                        let debug = format!("{future:?}");
+                        *seen.lock().unwrap() = Some(debug.contains("Complete"));
+                    }
+                    "poll" => {
+                        let polled = Pin::new(&mut future).poll(&mut Context::from_waker(&waker));
+                        *seen.lock().unwrap() = Some(matches!(polled, Poll::Ready(Ok(_))));
+                    }
+                    "drop" => {
+                        drop(future);
+                        *seen.lock().unwrap() = Some(true);
+                    }
+                    _ => panic!("a user's waker panicked"),
+                }
+            }));
+        }
+        backend.set_poll(TransferState::Done);
+        // The backend signals completion in this thread: the engine's hook
+        // finishes the operation and wakes the waker right here.
+        backend.signal();
+        let seen = *seen.lock().unwrap();
+        match action {
+            "panic" => assert_eq!(seen, None),
+            _ => assert_eq!(seen, Some(true), "the re-entrant waker saw the result"),
+        }
+        // The connector still works after the waker's antics.
+        let again = c
+            .begin_read(&remote(64), vec![Descriptor::new(vec![0u8; 64]).unwrap()])
+            .unwrap();
+        again.wait_timeout(BOUND).unwrap();
+    });
+}
