@@ -1,7 +1,8 @@
 //! Project automation, run as `cargo xtask <command>`:
 //!
-//! - `test`: formatting, clippy, every test and doc test, rustdoc and the demo,
-//!   with a one-screen summary at the end.
+//! - `test`: formatting, clippy, every test and doc test, the loom model, the
+//!   core and loopback suites under AddressSanitizer, fuzzing, rustdoc and the
+//!   demo, with a one-screen summary at the end.
 //! - `demo [--backend NAME] [demo options]`: the main job, in a release build.
 //! - `nixl-runtime`: fetch and unpack the NIXL runtime (idempotent).
 //! - `fuzz [--seconds N]`: coverage-guided fuzzing of the untrusted-input parsers.
@@ -44,7 +45,7 @@ fn main() -> ExitCode {
             eprintln!(
                 "usage: cargo xtask <command>\n\n\
                  commands:\n  \
-                 test [--long]         fmt check, clippy -D warnings, all tests and doc tests, rustdoc -D warnings, demos\n  \
+                 test [--long]         fmt check, clippy -D warnings, all tests and doc tests, loom, ASan, fuzz, rustdoc -D warnings, demos\n  \
                  bench [--quick]       memcpy / loopback / nixl / raw nixl-sys, interleaved; writes target/bench/\n  \
                  fuzz [--seconds N]    libFuzzer on the metadata, agent-blob and device parsers (default 60 s each)\n  \
                  gpu-bundle            release GPU checks + the NIXL runtime they need in target/gpu-bundle (run.sh)\n  \
@@ -196,6 +197,52 @@ fn test(root: &Path, args: &[String]) -> Result<(), u8> {
     }
     step("tests + doc tests", tests);
 
+    // The operation state machine, model-checked: loom explores every
+    // interleaving (up to a preemption bound) of small models of it.
+    let mut loom = cargo();
+    loom.args([
+        "test",
+        "--release",
+        "-p",
+        "descriptor-core",
+        "--lib",
+        "loom",
+    ])
+    .env("RUSTFLAGS", "--cfg loom")
+    .env("CARGO_TARGET_DIR", root.join("target/loom"));
+    step("loom model of operations", loom);
+
+    // The suites of the memory-owning crates under AddressSanitizer, so that a
+    // use-after-free fails here (stable rustc, unstable flag: see fuzz.rs).
+    // Leak detection is off: leaking memory a peer may still touch is the
+    // library's documented answer on its error paths.
+    match host_target() {
+        Some(target) => {
+            let mut asan = cargo();
+            asan.args([
+                "test",
+                "-p",
+                "descriptor-core",
+                "-p",
+                "backend-loopback",
+                "--all-features",
+                "--lib",
+                "--tests",
+                "--target",
+                &target,
+            ])
+            .env("RUSTFLAGS", "-Zsanitizer=address")
+            .env("RUSTC_BOOTSTRAP", "1")
+            .env("ASAN_OPTIONS", "detect_leaks=0")
+            .env("CARGO_TARGET_DIR", root.join("target/asan"));
+            step("AddressSanitizer: core, loopback", asan);
+        }
+        None => {
+            eprintln!("xtask test: cannot tell the host target from `rustc -vV`");
+            return Err(1);
+        }
+    }
+
     // A short coverage-guided fuzz pass over the parsers of untrusted input.
     let mut fuzz = cargo();
     fuzz.args([
@@ -286,6 +333,17 @@ fn test(root: &Path, args: &[String]) -> Result<(), u8> {
         println!("  {failed} of {} steps failed", steps.len());
         Err(1)
     }
+}
+
+/// The host's target triple (`--target` keeps sanitizer flags off build
+/// scripts and proc macros).
+fn host_target() -> Option<String> {
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let output = Command::new(rustc).arg("-vV").output().ok()?;
+    String::from_utf8(output.stdout)
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
 }
 
 fn demo(root: &Path, args: &[String]) -> Result<(), u8> {
