@@ -478,6 +478,10 @@ impl RegistrationBackend for LoopbackBackend {
         Ok(blob.agent_name)
     }
 
+    fn peer_name(&self, agent_metadata: &[u8]) -> Option<String> {
+        blob::decode(agent_metadata).ok().map(|b| b.agent_name)
+    }
+
     fn unload_remote(&self, peer: &str) -> Result<()> {
         lock(&self.agent.loaded).remove(peer);
         Ok(())

@@ -41,3 +41,45 @@ fn garbage_metadata_does_not_flush_the_idle_peer_cache() {
         "one refused blob unloaded every idle peer (each must now reload/reconnect)"
     );
 }
+
+/// A refused blob that names a peer kept idle (what a peer restarted under the
+/// same name sends) unloads that peer only, to load the blob again; every
+/// other idle peer stays.
+#[test]
+fn a_refused_blob_naming_an_idle_peer_unloads_that_peer_only() {
+    let fabric = Fabric::new();
+    let client = Connector::new(LoopbackBackend::new(&fabric, "client").unwrap());
+    let mut servers = Vec::new();
+    for i in 0..4 {
+        let server = Connector::new(LoopbackBackend::new(&fabric, &format!("s{i}")).unwrap());
+        let readable = server.create_readable(filled(i, 64)).unwrap();
+        client
+            .begin_read(readable.metadata(), zeroed_one(64))
+            .unwrap()
+            .wait()
+            .unwrap();
+        readable.wait().unwrap();
+        servers.push(server);
+    }
+    assert_eq!(client.idle_remote_agent_count(), 4);
+    let m = servers[0].create_readable(filled(99, 64)).unwrap();
+    // s0's blob, as if from another fabric: refused, but it names s0.
+    let mut blob = m.metadata().agent_metadata().to_vec();
+    blob[4] ^= 0xFF;
+    let forged = RdmaMetadata::new(
+        OperationKind::Read,
+        m.metadata().descriptors().to_vec(),
+        blob,
+        m.metadata().notification_key().to_owned(),
+    )
+    .unwrap();
+    assert!(client.begin_read(&forged, zeroed_one(64)).is_err());
+    assert_eq!(client.idle_remote_agent_count(), 3);
+    // s0 is reached again with its real metadata.
+    let read = client.begin_read(m.metadata(), zeroed_one(64)).unwrap();
+    read.wait().unwrap();
+    assert_eq!(
+        read.into_descriptors().unwrap()[0].as_slice().unwrap(),
+        filled(99, 64)[0].as_slice().unwrap()
+    );
+}

@@ -320,6 +320,19 @@ impl NixlBackend {
     }
 }
 
+/// The agent name at the head of NIXL's serialized metadata
+/// (`nixlSerDes|Agent`, the name's length as a little-endian u64, the name, `|`).
+fn nixl_agent_name(blob: &[u8]) -> Option<String> {
+    const MAX_NAME: usize = 4096;
+    let rest = blob.strip_prefix(b"nixlSerDes|Agent")?;
+    let (len, rest) = rest.split_first_chunk::<8>()?;
+    let len = usize::try_from(u64::from_le_bytes(*len)).ok()?;
+    if len == 0 || len > MAX_NAME || len >= rest.len() || rest[len] != b'|' {
+        return None;
+    }
+    String::from_utf8(rest[..len].to_vec()).ok()
+}
+
 /// Splits a scoped blob into (connection, regions).
 fn split_scoped(blob: &[u8]) -> Option<(&[u8], &[u8])> {
     let rest = blob.strip_prefix(SCOPED_MAGIC)?;
@@ -440,6 +453,12 @@ impl RegistrationBackend for NixlBackend {
             }
         }
         Ok(peer)
+    }
+
+    fn peer_name(&self, agent_metadata: &[u8]) -> Option<String> {
+        let blob =
+            split_scoped(agent_metadata).map_or(agent_metadata, |(connection, _)| connection);
+        nixl_agent_name(blob)
     }
 
     fn unload_remote(&self, peer: &str) -> Result<()> {
@@ -591,6 +610,26 @@ mod tests {
         let mut truncated = SCOPED_MAGIC.to_vec();
         truncated.extend_from_slice(&99u64.to_le_bytes());
         assert_eq!(split_scoped(&truncated), None);
+    }
+
+    #[test]
+    fn the_agent_name_is_read_from_nixl_metadata() {
+        let mut blob = b"nixlSerDes|Agent".to_vec();
+        blob.extend_from_slice(&8u64.to_le_bytes());
+        blob.extend_from_slice(b"worker-7|Conns....");
+        assert_eq!(nixl_agent_name(&blob).as_deref(), Some("worker-7"));
+        let mut scoped = SCOPED_MAGIC.to_vec();
+        scoped.extend_from_slice(&(blob.len() as u64).to_le_bytes());
+        scoped.extend_from_slice(&blob);
+        scoped.extend_from_slice(b"regions");
+        let (connection, _) = split_scoped(&scoped).unwrap();
+        assert_eq!(nixl_agent_name(connection).as_deref(), Some("worker-7"));
+        // Truncated, oversized, or without the separator: no name.
+        assert_eq!(nixl_agent_name(&blob[..30]), None);
+        let mut huge = b"nixlSerDes|Agent".to_vec();
+        huge.extend_from_slice(&u64::MAX.to_le_bytes());
+        assert_eq!(nixl_agent_name(&huge), None);
+        assert_eq!(nixl_agent_name(b"garbage"), None);
     }
 
     #[test]

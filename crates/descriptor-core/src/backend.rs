@@ -209,6 +209,16 @@ pub trait RegistrationBackend: Send + Sync + 'static {
     /// Forgets everything loaded from `peer`.
     fn unload_remote(&self, peer: &str) -> Result<()>;
 
+    /// The peer `agent_metadata` names, if the backend can tell without loading
+    /// it. When [`load_remote`](Self::load_remote) refuses a blob that names a
+    /// peer the connector keeps loaded but idle (a peer that restarted under
+    /// the same name: NIXL refuses new connection info for a loaded name), the
+    /// connector unloads that peer and loads the blob again.
+    fn peer_name(&self, agent_metadata: &[u8]) -> Option<String> {
+        let _ = agent_metadata;
+        None
+    }
+
     /// Posts a transfer. Remote segments come from untrusted metadata: a backend
     /// must refuse ranges the peer did not register and expose where it can.
     ///

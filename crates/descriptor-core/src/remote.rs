@@ -93,8 +93,24 @@ impl RemoteCache {
     /// Loads (or recognises) a peer's metadata and takes a reference on it.
     ///
     /// A blob the backend refuses changes nothing: the peers already loaded,
-    /// idle or not, stay loaded.
+    /// idle or not, stay loaded. The one exception is a peer that restarted
+    /// under the same name: when the backend refuses a blob that it says
+    /// names a peer we keep loaded but idle, that peer (the old incarnation)
+    /// is unloaded and the blob loaded again.
     pub(crate) fn acquire(self: &Arc<Self>, agent_metadata: &[u8]) -> Result<RemoteLease> {
+        match self.try_acquire(agent_metadata) {
+            Err(refused) => match self.backend.peer_name(agent_metadata) {
+                Some(name) if self.unload_if_idle(&name) => {
+                    tracing::info!(peer = %name, "a peer of that name is loaded but idle: unloaded it (restarted?) and loading the new metadata");
+                    self.try_acquire(agent_metadata)
+                }
+                _ => Err(refused),
+            },
+            acquired => acquired,
+        }
+    }
+
+    fn try_acquire(self: &Arc<Self>, agent_metadata: &[u8]) -> Result<RemoteLease> {
         let hash = self.hasher.hash_one(agent_metadata);
         let mut state = self.lock();
         if let Some(peer) = state.blobs.get(&hash).cloned() {
@@ -169,7 +185,27 @@ impl RemoteCache {
         idle.sort_unstable();
         let excess = idle.len().saturating_sub(keep);
         let victims: Vec<String> = idle.into_iter().take(excess).map(|(_, n)| n).collect();
-        for name in &victims {
+        self.unload(state, &victims);
+    }
+
+    /// Unloads `name` if it is loaded and idle; true if it was. Waits for
+    /// loads in flight first (a load may be merging into that peer).
+    fn unload_if_idle(&self, name: &str) -> bool {
+        let mut state = self.lock();
+        while state.loading > 0 {
+            state = self.wait(state);
+        }
+        if state.peers.get(name).is_none_or(|p| p.refs > 0) {
+            return false;
+        }
+        self.unload(state, &[name.to_owned()]);
+        true
+    }
+
+    /// Forgets `victims` (idle peers; no load in flight) and unloads them
+    /// from the backend after releasing the lock.
+    fn unload(&self, mut state: MutexGuard<'_, State>, victims: &[String]) {
+        for name in victims {
             if let Some(entry) = state.peers.remove(name) {
                 for hash in entry.blobs {
                     state.blobs.remove(&hash);
@@ -179,7 +215,7 @@ impl RemoteCache {
         state.unloading += 1;
         drop(state);
         let _call = InFlight::unload(self);
-        for name in &victims {
+        for name in victims {
             if let Err(error) = self.backend.unload_remote(name) {
                 tracing::warn!(%error, peer = %name, "unloading peer failed");
             }
