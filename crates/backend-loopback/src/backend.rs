@@ -124,11 +124,11 @@ impl LoopbackBackend {
             TransferOp::Read => OperationKind::Read,
             TransferOp::Write => OperationKind::Write,
         };
-        let grants: Vec<Arc<Grant>> = grant_ids
+        let (granted, other_kind): (Vec<(u64, Arc<Grant>)>, Vec<_>) = grant_ids
             .iter()
-            .filter_map(|&id| peer.grant(id))
-            .filter(|g| g.access == access)
-            .collect();
+            .filter_map(|&id| peer.grant(id).map(|g| (id, g)))
+            .partition(|(_, g)| g.access == access);
+        let (grant_ids, grants): (Vec<u64>, Vec<Arc<Grant>>) = granted.into_iter().unzip();
         if request.local.len() != request.remote.len() {
             return Err(Error::Backend {
                 backend: NAME,
@@ -176,26 +176,37 @@ impl LoopbackBackend {
                 }
             }
             let grant = grants.iter().position(|g| g.covers(remote)).ok_or_else(|| {
-                Self::denied(
-                    peer_name,
+                let (verb, wrong, right) = match access {
+                    OperationKind::Read => ("read", "writable", "readable"),
+                    OperationKind::Write => ("written", "readable", "writable"),
+                };
+                let reason = if other_kind.iter().any(|(_, g)| g.covers(remote)) {
                     format!(
-                        "remote descriptor {index} ({:#x}+{}) is not inside memory the peer exposed to this agent for {}",
-                        remote.addr,
-                        remote.len,
-                        match access {
-                            OperationKind::Read => "reading",
-                            OperationKind::Write => "writing",
-                        }
-                    ),
-                )
+                        "remote descriptor {index} ({:#x}+{}) belongs to a {wrong} operation of the peer, which cannot be {verb} (its metadata was for the other kind of operation, or forged to look like a {right})",
+                        remote.addr, remote.len,
+                    )
+                } else {
+                    format!(
+                        "remote descriptor {index} ({:#x}+{}) is not inside memory the peer exposed to this agent",
+                        remote.addr, remote.len,
+                    )
+                };
+                Self::denied(peer_name, reason)
             })?;
             pairs.push((local.addr, remote.addr, local.len, grant));
         }
+        let mut exposures: Vec<ExposureId> = pairs
+            .iter()
+            .map(|&(_, _, _, grant)| ExposureId(grant_ids[grant]))
+            .collect();
+        exposures.sort_unstable();
+        exposures.dedup();
         Ok(Job {
             op: request.op,
             from: self.agent.name.clone(),
             peer,
             grants,
+            exposures,
             pairs,
             notification: request.notification.to_vec(),
             drop_notification: false,
@@ -235,6 +246,8 @@ struct Job {
     from: String,
     peer: Arc<Agent>,
     grants: Vec<Arc<Grant>>,
+    /// The peer's exposures the pairs reach, told to it with the notification.
+    exposures: Vec<ExposureId>,
     /// (local addr, remote addr, len, index into `grants`)
     pairs: Vec<(usize, usize, usize, usize)>,
     notification: Vec<u8>,
@@ -280,6 +293,7 @@ impl Job {
             self.peer.notify(Notification {
                 from: self.from,
                 payload: self.notification,
+                exposures: self.exposures,
             });
         }
         TransferState::Done

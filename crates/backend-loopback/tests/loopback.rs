@@ -96,6 +96,43 @@ fn region_exposed_by_another_operation_is_out_of_reach() {
 }
 
 #[test]
+fn a_notification_carrying_another_operations_key_completes_nothing() {
+    let (_f, server, client, _) = pair();
+    let victim = server.create_writable(zeroed(4096)).unwrap();
+    let other = server.create_writable(zeroed(4096)).unwrap();
+    // A peer with `other`'s metadata writes there but sends `victim`'s key.
+    let forged = RdmaMetadata::new(
+        OperationKind::Write,
+        other.metadata().descriptors().to_vec(),
+        other.metadata().agent_metadata().to_vec(),
+        victim.metadata().notification_key().to_owned(),
+    )
+    .unwrap();
+    client
+        .begin_write(filled(6, 4096), &forged)
+        .unwrap()
+        .wait_timeout(LONG)
+        .unwrap();
+    // The transfer reached `other`'s memory, so the key of `victim` is refused:
+    // the victim does not complete (and would otherwise hand back its zeroes
+    // as if written), and `other` was not notified with its own key.
+    assert!(matches!(
+        victim.wait_timeout(SHORT),
+        Err(Error::TimedOut(_))
+    ));
+    assert_eq!(other.status(), OperationStatus::Initialized);
+    // An honest write still completes the victim.
+    client
+        .begin_write(filled(7, 4096), victim.metadata())
+        .unwrap()
+        .wait_timeout(LONG)
+        .unwrap();
+    victim.wait_timeout(LONG).unwrap();
+    let back = victim.into_descriptors().unwrap();
+    assert_eq!(back[0].as_slice().unwrap(), pattern(7, 4096).as_slice());
+}
+
+#[test]
 fn readable_memory_cannot_be_written_by_flipping_the_kind() {
     let (_f, server, client, _) = pair();
     let readable = server.create_readable(filled(4, 4096)).unwrap();
@@ -104,7 +141,10 @@ fn readable_memory_cannot_be_written_by_flipping_the_kind() {
         OperationKind::Write,
         readable.metadata().descriptors().to_vec(),
     );
-    assert_denied(client.begin_write(zeroed(4096), &forged), "for writing");
+    assert_denied(
+        client.begin_write(zeroed(4096), &forged),
+        "belongs to a readable operation of the peer, which cannot be written",
+    );
     readable.cancel();
     let back = readable.into_descriptors().unwrap();
     assert_eq!(back[0].as_slice().unwrap(), pattern(4, 4096).as_slice());
@@ -121,7 +161,10 @@ fn writable_memory_cannot_be_read_by_flipping_the_kind() {
     );
     match client.begin_read(&forged, zeroed(4096)) {
         Err(Error::AccessDenied { reason, .. }) => {
-            assert!(reason.contains("for reading"), "{reason}")
+            assert!(
+                reason.contains("belongs to a writable operation of the peer"),
+                "{reason}"
+            )
         }
         other => panic!("{other:?}"),
     }

@@ -580,6 +580,8 @@ impl RegistrationBackend for NixlBackend {
                 sink(Notification {
                     from: from.clone(),
                     payload,
+                    // NIXL does not say which memory the transfer reached.
+                    exposures: Vec::new(),
                 });
             }
         }

@@ -112,6 +112,12 @@ pub struct Notification {
     pub from: String,
     /// The payload, as sent (not necessarily UTF-8).
     pub payload: Vec<u8>,
+    /// The exposures the transfer that carried this notification reached, if
+    /// the backend can tell (loopback can; NIXL cannot: empty). When it can, a
+    /// notification completes a passive operation only if its transfer reached
+    /// that operation's exposure and nothing else, so a peer cannot complete
+    /// one operation with another's key.
+    pub exposures: Vec<ExposureId>,
 }
 
 /// Called by an event-driven backend whenever a transfer completes or a

@@ -14,7 +14,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread;
 use std::time::Duration;
 
-use crate::backend::{Notification, RegistrationBackend};
+use crate::backend::{ExposureId, Notification, RegistrationBackend};
 use crate::error::Result;
 use crate::operation::state::{OpShared, Outcome};
 
@@ -42,7 +42,8 @@ pub(crate) struct Engine {
 #[derive(Default)]
 struct Work {
     active: Vec<Arc<OpShared>>,
-    passive: HashMap<Box<[u8]>, Arc<OpShared>>,
+    /// Passive operations by notification key, with the exposure each made.
+    passive: HashMap<Box<[u8]>, (ExposureId, Arc<OpShared>)>,
     events: bool,
     shutdown: bool,
     thread: Option<thread::JoinHandle<()>>,
@@ -123,10 +124,16 @@ impl Engine {
         self.wake.notify_one();
     }
 
-    /// Completes a passive operation when a notification carrying `key` arrives.
-    pub(crate) fn track_passive(self: &Arc<Self>, key: Box<[u8]>, op: Arc<OpShared>) {
+    /// Completes a passive operation when a notification carrying `key`
+    /// arrives (from a transfer that reached `exposure`, if the backend says).
+    pub(crate) fn track_passive(
+        self: &Arc<Self>,
+        key: Box<[u8]>,
+        exposure: ExposureId,
+        op: Arc<OpShared>,
+    ) {
         let mut work = self.lock();
-        work.passive.insert(key, op);
+        work.passive.insert(key, (exposure, op));
         self.ensure_running(&mut work);
         // An event-driven backend signals the notification itself; a polled one
         // needs the engine awake to poll for it.
@@ -305,7 +312,20 @@ impl Engine {
             let mut work = self.lock();
             arrived
                 .iter()
-                .map(|n| work.passive.remove(n.payload.as_slice()))
+                .map(|n| {
+                    let key = n.payload.as_slice();
+                    let (exposure, _) = work.passive.get(key)?;
+                    // A backend that knows what the transfer reached: it must
+                    // have reached this operation's exposure, and only that.
+                    if !n.exposures.is_empty() && n.exposures != [*exposure] {
+                        tracing::warn!(
+                            from = %n.from,
+                            "ignoring a notification whose transfer reached other memory than the operation it names"
+                        );
+                        return None;
+                    }
+                    work.passive.remove(key).map(|(_, op)| op)
+                })
                 .collect()
         };
         let mut notified = false;

@@ -224,6 +224,7 @@ fn a_passive_operation_completed_by_its_peer_hands_its_memory_back() {
     backend.inbox.lock().unwrap().push(Notification {
         from: "peer".into(),
         payload: readable.metadata().notification_key().as_bytes().to_vec(),
+        exposures: Vec::new(),
     });
     readable.wait_timeout(BOUND).unwrap();
     let back = readable.into_descriptors().unwrap();
@@ -249,6 +250,7 @@ fn a_panic_in_revoke_leaks_the_memory_and_the_engine_serves_on() {
     backend.inbox.lock().unwrap().push(Notification {
         from: "peer".into(),
         payload: next.metadata().notification_key().as_bytes().to_vec(),
+        exposures: Vec::new(),
     });
     eventually("the engine completed it", || {
         next.status() == OperationStatus::Complete
