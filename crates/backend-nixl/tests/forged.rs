@@ -10,7 +10,7 @@ use common::{Nixl, runtime_available};
 use descriptor_core::conformance::{
     Harness, filled, forge, pattern, shifted, zeroed_one as zeroed,
 };
-use descriptor_core::{Error, OperationKind, RdmaMetadata};
+use descriptor_core::{Descriptor, Error, OperationKind, RdmaMetadata};
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -134,4 +134,48 @@ fn what_nixl_does_not_enforce() {
         readable.into_descriptors().unwrap()[0].as_slice().unwrap(),
         pattern(9, 4096).as_slice()
     );
+    // Read-only memory too: NIXL registers memory without access modes, so
+    // a `Bytes` readable is writable by a peer that flips the kind.
+    let shared = bytes::Bytes::from(pattern(10, 4096));
+    let readable = server
+        .create_readable(vec![Descriptor::from_bytes(shared).unwrap()])
+        .unwrap();
+    let flipped = forge(
+        readable.metadata(),
+        OperationKind::Write,
+        readable.metadata().descriptors().to_vec(),
+    );
+    let write = client.begin_write(filled(11, 4096), &flipped).unwrap();
+    write.wait_timeout(WAIT).unwrap();
+    readable.wait_timeout(WAIT).unwrap();
+    assert_eq!(
+        readable.into_descriptors().unwrap()[0].as_slice().unwrap(),
+        pattern(11, 4096).as_slice()
+    );
+    // And a notification is taken at its word: a transfer into `other` that
+    // carries `victim`'s key completes `victim`, whose memory was never
+    // written (NIXL does not say which memory a transfer reached).
+    let victim = server.create_writable(zeroed(4096)).unwrap();
+    let other = server.create_writable(zeroed(4096)).unwrap();
+    let keyed = RdmaMetadata::new(
+        OperationKind::Write,
+        other.metadata().descriptors().to_vec(),
+        other.metadata().agent_metadata().to_vec(),
+        victim.metadata().notification_key().to_owned(),
+    )
+    .unwrap();
+    client
+        .begin_write(filled(12, 4096), &keyed)
+        .unwrap()
+        .wait_timeout(WAIT)
+        .unwrap();
+    victim.wait_timeout(WAIT).unwrap();
+    assert!(
+        victim.into_descriptors().unwrap()[0]
+            .as_slice()
+            .unwrap()
+            .iter()
+            .all(|&b| b == 0)
+    );
+    other.cancel();
 }
