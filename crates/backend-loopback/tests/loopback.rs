@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use backend_loopback::{Fabric, FaultInjector, LoopbackBackend};
-use descriptor_core::conformance::{filled, forge, pattern, shifted, zeroed_one as zeroed};
+use descriptor_core::conformance::{
+    filled, forge, pattern, rekeyed, shifted, zeroed_one as zeroed,
+};
 use descriptor_core::{
     Connector, Descriptor, Device, Error, OperationKind, OperationStatus, RdmaMetadata,
 };
@@ -101,13 +103,7 @@ fn a_notification_carrying_another_operations_key_completes_nothing() {
     let victim = server.create_writable(zeroed(4096)).unwrap();
     let other = server.create_writable(zeroed(4096)).unwrap();
     // A peer with `other`'s metadata writes there but sends `victim`'s key.
-    let forged = RdmaMetadata::new(
-        OperationKind::Write,
-        other.metadata().descriptors().to_vec(),
-        other.metadata().agent_metadata().to_vec(),
-        victim.metadata().notification_key().to_owned(),
-    )
-    .unwrap();
+    let forged = rekeyed(other.metadata(), victim.metadata());
     client
         .begin_write(filled(6, 4096), &forged)
         .unwrap()

@@ -9,121 +9,50 @@
 //!   victim allocation checks that the dropped write lands nowhere.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
-use backend_loopback::{Fabric, FaultInjector, LoopbackBackend};
+use backend_loopback::{Fabric, FaultInjector};
+use common::hooked;
+use descriptor_core::Connector;
 use descriptor_core::conformance::{filled, pattern, zeroed_one};
-use descriptor_core::{
-    Connector, EventHook, Exposure, ExposureId, Notification, OperationKind, RegionId,
-    RegistrationBackend, Result, Segment, TransferId, TransferRequest, TransferState,
-};
 use rstest::rstest;
 
 const BOUND: Duration = Duration::from_secs(20);
 
-/// Loopback, except that the method named in `armed` panics the next time it
-/// is called (then the arm is spent).
-struct Panicky {
-    inner: LoopbackBackend,
-    armed: Arc<Mutex<Option<&'static str>>>,
-    fired: Arc<AtomicUsize>,
-}
-
-impl Panicky {
-    fn maybe_panic(&self, method: &'static str) {
-        let fire = {
-            let mut armed = self.armed.lock().unwrap();
-            let fire = *armed == Some(method);
-            if fire {
-                *armed = None;
-            }
-            fire
-        };
-        if fire {
-            self.fired.fetch_add(1, Ordering::SeqCst);
-            panic!("injected: {method} panicked");
-        }
-    }
-}
-
-impl RegistrationBackend for Panicky {
-    fn backend_name(&self) -> &'static str {
-        "panicky"
-    }
-    fn agent_name(&self) -> &str {
-        self.inner.agent_name()
-    }
-    unsafe fn register(&self, region: &Segment, writable: bool) -> Result<RegionId> {
-        self.maybe_panic("register");
-        // SAFETY: our caller's contract is the inner backend's.
-        unsafe { self.inner.register(region, writable) }
-    }
-    fn deregister(&self, region: RegionId) -> Result<()> {
-        self.maybe_panic("deregister");
-        self.inner.deregister(region)
-    }
-    unsafe fn expose(&self, regions: &[RegionId], access: OperationKind) -> Result<Exposure> {
-        self.maybe_panic("expose");
-        // SAFETY: our caller's contract is the inner backend's.
-        unsafe { self.inner.expose(regions, access) }
-    }
-    fn revoke(&self, exposure: ExposureId) -> Result<()> {
-        self.maybe_panic("revoke");
-        self.inner.revoke(exposure)
-    }
-    fn revocation_enforced(&self) -> bool {
-        self.inner.revocation_enforced()
-    }
-    fn load_remote(&self, agent_metadata: &[u8]) -> Result<String> {
-        self.maybe_panic("load_remote");
-        self.inner.load_remote(agent_metadata)
-    }
-    fn unload_remote(&self, peer: &str) -> Result<()> {
-        self.maybe_panic("unload_remote");
-        self.inner.unload_remote(peer)
-    }
-    unsafe fn post(&self, request: &TransferRequest<'_>) -> Result<TransferId> {
-        self.maybe_panic("post");
-        // SAFETY: our caller's contract is the inner backend's.
-        unsafe { self.inner.post(request) }
-    }
-    fn poll(&self, transfer: TransferId) -> TransferState {
-        self.maybe_panic("poll");
-        self.inner.poll(transfer)
-    }
-    fn release(&self, transfer: TransferId) -> Result<bool> {
-        self.maybe_panic("release");
-        self.inner.release(transfer)
-    }
-    fn drain_notifications(&self, sink: &mut dyn FnMut(Notification)) -> Result<()> {
-        self.maybe_panic("drain_notifications");
-        self.inner.drain_notifications(sink)
-    }
-    fn set_event_hook(&self, hook: EventHook) -> bool {
-        self.inner.set_event_hook(hook)
-    }
-}
-
 struct Side {
     connector: Connector,
     faults: FaultInjector,
+    /// The method that panics the next time it is called (then disarmed).
     armed: Arc<Mutex<Option<&'static str>>>,
     fired: Arc<AtomicUsize>,
 }
 
 fn side(fabric: &Fabric, name: &str) -> Side {
-    let inner = LoopbackBackend::new(fabric, name).unwrap();
-    let faults = inner.faults();
-    let armed = Arc::new(Mutex::new(None));
+    let armed: Arc<Mutex<Option<&'static str>>> = Arc::default();
     let fired = Arc::new(AtomicUsize::new(0));
-    let connector = Connector::new(Panicky {
-        inner,
-        armed: Arc::clone(&armed),
-        fired: Arc::clone(&fired),
-    });
+    let (connector, faults) = {
+        let (armed, fired) = (Arc::clone(&armed), Arc::clone(&fired));
+        hooked(fabric, name, true, move |_, call| {
+            let fire = {
+                let mut armed = armed.lock().unwrap();
+                let fire = *armed == Some(call.name());
+                if fire {
+                    *armed = None;
+                }
+                fire
+            };
+            if fire {
+                fired.fetch_add(1, Ordering::SeqCst);
+                panic!("injected: {} panicked", call.name());
+            }
+            None
+        })
+    };
     Side {
         connector,
         faults,

@@ -7,23 +7,29 @@ use backend_loopback::{Fabric, LoopbackBackend};
 use descriptor_core::conformance::{filled, zeroed_one};
 use descriptor_core::{Connector, OperationKind, RdmaMetadata};
 
+/// A client that read once from each of `n` servers, which it keeps idle.
+fn client_with_idle_peers(fabric: &Fabric, n: u64) -> (Connector, Vec<Connector>) {
+    let client = Connector::new(LoopbackBackend::new(fabric, "client").unwrap());
+    let servers: Vec<Connector> = (0..n)
+        .map(|i| {
+            let server = Connector::new(LoopbackBackend::new(fabric, &format!("s{i}")).unwrap());
+            let readable = server.create_readable(filled(i, 64)).unwrap();
+            let read = client
+                .begin_read(readable.metadata(), zeroed_one(64))
+                .unwrap();
+            read.wait().unwrap();
+            readable.wait().unwrap();
+            server
+        })
+        .collect();
+    assert_eq!(client.idle_remote_agent_count(), n as usize);
+    (client, servers)
+}
+
 #[test]
 fn garbage_metadata_does_not_flush_the_idle_peer_cache() {
     let fabric = Fabric::new();
-    let client = Connector::new(LoopbackBackend::new(&fabric, "client").unwrap());
-    let mut servers = Vec::new();
-    for i in 0..8 {
-        let server = Connector::new(LoopbackBackend::new(&fabric, &format!("s{i}")).unwrap());
-        let readable = server.create_readable(filled(i, 64)).unwrap();
-        client
-            .begin_read(readable.metadata(), zeroed_one(64))
-            .unwrap()
-            .wait()
-            .unwrap();
-        readable.wait().unwrap();
-        servers.push(server);
-    }
-    assert_eq!(client.idle_remote_agent_count(), 8);
+    let (client, servers) = client_with_idle_peers(&fabric, 8);
     // Anyone who can hand us metadata: a well-formed document whose agent blob
     // the backend refuses.
     let m = servers[0].create_readable(filled(99, 64)).unwrap();
@@ -48,20 +54,7 @@ fn garbage_metadata_does_not_flush_the_idle_peer_cache() {
 #[test]
 fn a_refused_blob_naming_an_idle_peer_unloads_that_peer_only() {
     let fabric = Fabric::new();
-    let client = Connector::new(LoopbackBackend::new(&fabric, "client").unwrap());
-    let mut servers = Vec::new();
-    for i in 0..4 {
-        let server = Connector::new(LoopbackBackend::new(&fabric, &format!("s{i}")).unwrap());
-        let readable = server.create_readable(filled(i, 64)).unwrap();
-        client
-            .begin_read(readable.metadata(), zeroed_one(64))
-            .unwrap()
-            .wait()
-            .unwrap();
-        readable.wait().unwrap();
-        servers.push(server);
-    }
-    assert_eq!(client.idle_remote_agent_count(), 4);
+    let (client, servers) = client_with_idle_peers(&fabric, 4);
     let m = servers[0].create_readable(filled(99, 64)).unwrap();
     // s0's blob, as if from another fabric: refused, but it names s0.
     let mut blob = m.metadata().agent_metadata().to_vec();

@@ -10,83 +10,36 @@
 //! the bounded wait below would fail.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use backend_loopback::{Fabric, LoopbackBackend};
+use backend_loopback::Fabric;
+use common::{Call, hooked};
 use descriptor_core::conformance::{filled, zeroed_one};
-use descriptor_core::{
-    Connector, EventHook, Exposure, ExposureId, Notification, OperationKind, OperationStatus,
-    RegionId, RegistrationBackend, Result, Segment, TransferId, TransferRequest, TransferState,
-};
+use descriptor_core::{Connector, OperationStatus};
 
 type Probe = Arc<dyn Fn(&'static str) + Send + Sync>;
 
-/// Loopback, with a probe run inside `poll`, `release` and `revoke`.
-struct Probed {
-    inner: LoopbackBackend,
-    probe: Arc<Mutex<Option<Probe>>>,
-}
-
-impl Probed {
-    fn probe(&self, call: &'static str) {
-        let probe = self.probe.lock().unwrap().clone();
-        if let Some(probe) = probe {
-            probe(call);
+/// A loopback connector that runs `probe` (once set) inside `poll`,
+/// `release` and `revoke`.
+fn probed(
+    fabric: &Fabric,
+    name: &str,
+    probe: &Arc<Mutex<Option<Probe>>>,
+) -> (Connector, backend_loopback::FaultInjector) {
+    let probe = Arc::clone(probe);
+    hooked(fabric, name, true, move |_, call| {
+        if matches!(call, Call::Poll(_) | Call::Release(_) | Call::Revoke) {
+            let probe = probe.lock().unwrap().clone();
+            if let Some(probe) = probe {
+                probe(call.name());
+            }
         }
-    }
-}
-
-impl RegistrationBackend for Probed {
-    fn backend_name(&self) -> &'static str {
-        "probed"
-    }
-    fn agent_name(&self) -> &str {
-        self.inner.agent_name()
-    }
-    unsafe fn register(&self, region: &Segment, writable: bool) -> Result<RegionId> {
-        // SAFETY: our caller's contract is the inner backend's.
-        unsafe { self.inner.register(region, writable) }
-    }
-    fn deregister(&self, region: RegionId) -> Result<()> {
-        self.inner.deregister(region)
-    }
-    unsafe fn expose(&self, regions: &[RegionId], access: OperationKind) -> Result<Exposure> {
-        // SAFETY: our caller's contract is the inner backend's.
-        unsafe { self.inner.expose(regions, access) }
-    }
-    fn revoke(&self, exposure: ExposureId) -> Result<()> {
-        self.probe("revoke");
-        self.inner.revoke(exposure)
-    }
-    fn revocation_enforced(&self) -> bool {
-        self.inner.revocation_enforced()
-    }
-    fn load_remote(&self, agent_metadata: &[u8]) -> Result<String> {
-        self.inner.load_remote(agent_metadata)
-    }
-    fn unload_remote(&self, peer: &str) -> Result<()> {
-        self.inner.unload_remote(peer)
-    }
-    unsafe fn post(&self, request: &TransferRequest<'_>) -> Result<TransferId> {
-        // SAFETY: our caller's contract is the inner backend's.
-        unsafe { self.inner.post(request) }
-    }
-    fn poll(&self, transfer: TransferId) -> TransferState {
-        self.probe("poll");
-        self.inner.poll(transfer)
-    }
-    fn release(&self, transfer: TransferId) -> Result<bool> {
-        self.probe("release");
-        self.inner.release(transfer)
-    }
-    fn drain_notifications(&self, sink: &mut dyn FnMut(Notification)) -> Result<()> {
-        self.inner.drain_notifications(sink)
-    }
-    fn set_event_hook(&self, hook: EventHook) -> bool {
-        self.inner.set_event_hook(hook)
-    }
+        None
+    })
 }
 
 /// Reads `status` on another thread; panics if that read does not return
@@ -106,17 +59,9 @@ fn status_from_another_thread(
 fn status_never_blocks_behind_poll_release_or_revoke() {
     let fabric = Fabric::new();
     let probe: Arc<Mutex<Option<Probe>>> = Arc::default();
-    let backend = LoopbackBackend::new(&fabric, "client").unwrap();
-    let faults = backend.faults();
-    let client = Connector::new(Probed {
-        inner: backend,
-        probe: Arc::clone(&probe),
-    });
+    let (client, faults) = probed(&fabric, "client", &probe);
     let server_probe: Arc<Mutex<Option<Probe>>> = Arc::default();
-    let server = Connector::new(Probed {
-        inner: LoopbackBackend::new(&fabric, "server").unwrap(),
-        probe: Arc::clone(&server_probe),
-    });
+    let (server, _) = probed(&fabric, "server", &server_probe);
 
     // An active operation: probed in `poll` (the engine's and the waiter's),
     // then in `release` when it is cancelled.

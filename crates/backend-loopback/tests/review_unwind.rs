@@ -6,6 +6,8 @@
 //! AddressSanitizer, which reports a use-after-free directly.
 #![allow(clippy::unwrap_used, clippy::panic)]
 
+mod common;
+
 use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
@@ -14,13 +16,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
-use backend_loopback::{Fabric, LoopbackBackend};
+use backend_loopback::{Fabric, FaultInjector, LoopbackBackend};
+use common::{Call, hooked};
 use descriptor_core::conformance::filled;
-use descriptor_core::{
-    Connector, Descriptor, EventHook, Exposure, ExposureId, Notification, OperationKind,
-    OperationStatus, RegionId, RegistrationBackend, Result, Segment, TransferId, TransferRequest,
-    TransferState,
-};
+use descriptor_core::{Connector, Descriptor, OperationStatus, RegistrationBackend, TransferState};
 
 #[derive(Clone, Copy, PartialEq)]
 enum Mode {
@@ -33,85 +32,23 @@ enum Mode {
     Polled,
 }
 
-/// Delegates everything to a loopback agent, except as `mode` says.
-struct Wrap {
-    inner: LoopbackBackend,
-    mode: Mode,
-    armed: AtomicBool,
-}
-
-impl RegistrationBackend for Wrap {
-    fn backend_name(&self) -> &'static str {
-        "wrap"
-    }
-    fn agent_name(&self) -> &str {
-        self.inner.agent_name()
-    }
-    unsafe fn register(&self, region: &Segment, writable: bool) -> Result<RegionId> {
-        // SAFETY: our caller's contract is the inner backend's.
-        unsafe { self.inner.register(region, writable) }
-    }
-    fn deregister(&self, region: RegionId) -> Result<()> {
-        self.inner.deregister(region)
-    }
-    unsafe fn expose(&self, regions: &[RegionId], access: OperationKind) -> Result<Exposure> {
-        // SAFETY: our caller's contract is the inner backend's.
-        unsafe { self.inner.expose(regions, access) }
-    }
-    fn revoke(&self, exposure: ExposureId) -> Result<()> {
-        self.inner.revoke(exposure)
-    }
-    fn revocation_enforced(&self) -> bool {
-        self.inner.revocation_enforced()
-    }
-    fn load_remote(&self, agent_metadata: &[u8]) -> Result<String> {
-        self.inner.load_remote(agent_metadata)
-    }
-    fn unload_remote(&self, peer: &str) -> Result<()> {
-        self.inner.unload_remote(peer)
-    }
-    unsafe fn post(&self, request: &TransferRequest<'_>) -> Result<TransferId> {
-        // SAFETY: our caller's contract is the inner backend's.
-        unsafe { self.inner.post(request) }
-    }
-    fn poll(&self, transfer: TransferId) -> TransferState {
-        self.inner.poll(transfer)
-    }
-    fn release(&self, transfer: TransferId) -> Result<bool> {
-        match self.mode {
-            Mode::PanicOnRelease if self.armed.swap(false, Ordering::SeqCst) => {
+/// A loopback agent that behaves as `mode` says.
+fn wrapped(fabric: &Fabric, name: &str, mode: Mode) -> (Connector, FaultInjector) {
+    let armed = AtomicBool::new(true);
+    hooked(fabric, name, mode != Mode::Polled, move |inner, call| {
+        let Call::Release(transfer) = call else {
+            return None;
+        };
+        match mode {
+            Mode::PanicOnRelease if armed.swap(false, Ordering::SeqCst) => {
                 panic!("backend bug: release panicked")
             }
-            Mode::NixlLikeRelease if self.inner.poll(transfer) == TransferState::InProgress => {
-                Ok(false)
+            Mode::NixlLikeRelease if inner.poll(transfer) == TransferState::InProgress => {
+                Some(Ok(false))
             }
-            _ => self.inner.release(transfer),
+            _ => None,
         }
-    }
-    fn drain_notifications(&self, sink: &mut dyn FnMut(Notification)) -> Result<()> {
-        self.inner.drain_notifications(sink)
-    }
-    fn set_event_hook(&self, hook: EventHook) -> bool {
-        match self.mode {
-            Mode::Polled => false,
-            _ => self.inner.set_event_hook(hook),
-        }
-    }
-}
-
-fn wrapped(
-    fabric: &Fabric,
-    name: &str,
-    mode: Mode,
-) -> (Connector, backend_loopback::FaultInjector) {
-    let inner = LoopbackBackend::new(fabric, name).unwrap();
-    let faults = inner.faults();
-    let c = Connector::new(Wrap {
-        inner,
-        mode,
-        armed: AtomicBool::new(true),
-    });
-    (c, faults)
+    })
 }
 
 struct PanicWake;

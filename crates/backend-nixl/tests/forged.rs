@@ -8,7 +8,7 @@ mod common;
 use backend_nixl::MetadataScope;
 use common::{Nixl, runtime_available};
 use descriptor_core::conformance::{
-    Harness, filled, forge, pattern, shifted, zeroed_one as zeroed,
+    Harness, filled, forge, pattern, rekeyed, shifted, zeroed_one as zeroed,
 };
 use descriptor_core::{Descriptor, Error, OperationKind, RdmaMetadata};
 use std::time::Duration;
@@ -157,13 +157,7 @@ fn what_nixl_does_not_enforce() {
     // written (NIXL does not say which memory a transfer reached).
     let victim = server.create_writable(zeroed(4096)).unwrap();
     let other = server.create_writable(zeroed(4096)).unwrap();
-    let keyed = RdmaMetadata::new(
-        OperationKind::Write,
-        other.metadata().descriptors().to_vec(),
-        other.metadata().agent_metadata().to_vec(),
-        victim.metadata().notification_key().to_owned(),
-    )
-    .unwrap();
+    let keyed = rekeyed(other.metadata(), victim.metadata());
     client
         .begin_write(filled(12, 4096), &keyed)
         .unwrap()

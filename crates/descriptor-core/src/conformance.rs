@@ -74,6 +74,18 @@ pub fn forge(
     .unwrap()
 }
 
+/// `meta` (its regions and agent) carrying `victim`'s notification key: what a
+/// hostile peer sends to complete an operation it never touched.
+pub fn rekeyed(meta: &RdmaMetadata, victim: &RdmaMetadata) -> RdmaMetadata {
+    RdmaMetadata::new(
+        meta.operation_kind(),
+        meta.descriptors().to_vec(),
+        meta.agent_metadata().to_vec(),
+        victim.notification_key().to_owned(),
+    )
+    .unwrap()
+}
+
 /// `meta`'s first descriptor moved by `by` bytes and resized to `size`.
 pub fn shifted(meta: &RdmaMetadata, by: u64, size: u64) -> Vec<SerializedDescriptor> {
     let d = meta.descriptors()[0];
