@@ -235,7 +235,7 @@ fn test(root: &Path, args: &[String]) -> Result<(), u8> {
             .env("RUSTC_BOOTSTRAP", "1")
             .env("ASAN_OPTIONS", "detect_leaks=0")
             .env("CARGO_TARGET_DIR", root.join("target/asan"));
-            step("AddressSanitizer: core, loopback", asan);
+            step("ASan: core, loopback tests", asan);
         }
         None => {
             eprintln!("xtask test: cannot tell the host target from `rustc -vV`");
