@@ -153,11 +153,16 @@ fn test(root: &Path, args: &[String]) -> Result<(), u8> {
         }
     }
     let runtime = nixl::provision(root, "test")?;
+    let venv = nixl::ensure_test_venv(root).map_err(|e| {
+        eprintln!("xtask test: {e}");
+        1
+    })?;
     // NIXL tests run for real: with this set, a missing runtime fails them
     // instead of skipping them.
     let nixl_env = [
         ("NIXL_RUNTIME_DIR", runtime.root.display().to_string()),
         ("NIXL_PYTHONPATH", runtime.pythonpath.clone()),
+        ("NIXL_TEST_VENV", venv.display().to_string()),
         ("NIXL_TESTS_REQUIRED", "1".to_owned()),
     ];
     let mut steps = Vec::new();

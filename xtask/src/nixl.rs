@@ -141,6 +141,36 @@ pub(crate) fn ensure_runtime(root: &Path) -> Result<Runtime, String> {
     Ok(runtime)
 }
 
+/// A virtualenv with the NIXL wheel pip-installed into it (`target/nixl-venv`),
+/// for the test that finds a pip-installed runtime with nothing set. Made
+/// once, offline, from the wheel `ensure_runtime` downloaded.
+pub(crate) fn ensure_test_venv(root: &Path) -> Result<PathBuf, String> {
+    let venv = root.join("target/nixl-venv");
+    let stamp = venv.join(".complete");
+    if stamp.is_file() {
+        return Ok(venv);
+    }
+    let _ = std::fs::remove_dir_all(&venv);
+    run_quiet(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+    run_quiet(
+        Command::new(venv.join("bin/python"))
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-deps",
+                "--no-index",
+                "--find-links",
+            ])
+            .arg(root.join("target/nixl-runtime/wheels"))
+            .arg(WHEEL),
+    )?;
+    std::fs::write(&stamp, format!("{WHEEL}\n"))
+        .map_err(|e| format!("write {}: {e}", stamp.display()))?;
+    Ok(venv)
+}
+
 /// libclang and the runtime, or the exit code after saying what is missing.
 pub(crate) fn provision(root: &Path, command: &str) -> Result<Runtime, u8> {
     ensure_libclang()

@@ -4,8 +4,9 @@
 //! machines without NIXL; the runtime (`libnixl_capi.so`, its plugins and UCX) is
 //! located and loaded when the first [`NixlBackend`] is created, and a missing
 //! runtime is an [`Error::BackendUnavailable`](descriptor_core::Error) listing
-//! every place tried, never a crash. `cargo xtask nixl-runtime` unpacks one from
-//! the `nixl-cu12` wheel on PyPI.
+//! every place tried, never a crash. A NIXL installed by pip (`pip install
+//! nixl-cu12==1.5.1`, as Dynamo users have) is found with nothing set: see
+//! [`runtime::load`] for the search order.
 //!
 //! ```no_run
 //! use backend_nixl::NixlBackend;

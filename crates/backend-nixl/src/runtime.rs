@@ -9,24 +9,28 @@
 //! `LD_LIBRARY_PATH` is needed. nixl-sys is only called once this succeeded.
 
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use descriptor_core::{Error, Result};
 
 /// Environment variable naming the `libnixl_capi.so` file to load.
 pub const ENV_LIBRARY: &str = "NIXL_CAPI_LIB";
-/// Environment variable naming a folder holding `libnixl_capi.so` (or a wheel
-/// unpacked by `cargo xtask nixl-runtime`).
+/// Environment variable naming a folder holding `libnixl_capi.so`, or the
+/// folder a NIXL wheel was unpacked or installed into (its site-packages).
 pub const ENV_DIR: &str = "NIXL_RUNTIME_DIR";
+/// The wheel a Dynamo user installs, and what the error tells others to run.
+pub const PIP_PACKAGE: &str = "nixl-cu12==1.5.1";
 
 const LIBRARY: &str = "libnixl_capi.so";
-/// Where the `nixl-cu12` wheel keeps its libraries, relative to the unpacked wheel.
-const WHEEL_LIBS: &str = ".nixl_cu12.mesonpy.libs";
-/// The folder `cargo xtask nixl-runtime` fills, in this workspace.
-const WORKSPACE_RUNTIME: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../target/nixl-runtime/nixl-cu12-1.5.1"
-);
+/// Where NIXL's wheels keep their libraries, inside site-packages (or an
+/// unpacked wheel): `nixl-cu12`, `nixl-cu13`, and the older single `nixl`.
+const WHEEL_LIBS: &[&str] = &[
+    ".nixl_cu12.mesonpy.libs",
+    ".nixl_cu13.mesonpy.libs",
+    ".nixl.mesonpy.libs",
+];
 const SYSTEM_DIRS: &[&str] = &[
     "/opt/nvidia/nvda_nixl/lib/x86_64-linux-gnu",
     "/opt/nvidia/nvda_nixl/lib64",
@@ -38,81 +42,213 @@ const SYSTEM_DIRS: &[&str] = &[
     "/usr/lib/x86_64-linux-gnu",
     "/usr/lib64",
 ];
+/// How long `python3` may take to name its site-packages.
+const PYTHON_TIME_LIMIT: Duration = Duration::from_secs(3);
 
 /// The loaded runtime, or why none could be loaded (with every place tried).
-static RUNTIME: OnceLock<Result<PathBuf, (String, Vec<String>)>> = OnceLock::new();
+static RUNTIME: OnceLock<Result<PathBuf, Unavailable>> = OnceLock::new();
+
+struct Unavailable {
+    tried: Vec<String>,
+    hint: String,
+}
 
 /// Loads the NIXL runtime once per process and returns the path it came from.
 ///
-/// Searched in order: `$NIXL_CAPI_LIB`; `$NIXL_RUNTIME_DIR` (and its
-/// `.nixl_cu12.mesonpy.libs`); this workspace's `target/nixl-runtime`; the usual
-/// system folders; finally the dynamic linker's own search (`LD_LIBRARY_PATH`,
-/// `ld.so.cache`). A missing runtime is [`Error::BackendUnavailable`], never an abort.
+/// Searched in order, with no setup needed for a NIXL installed by pip:
+/// 1. `$NIXL_CAPI_LIB` (the file), then `$NIXL_RUNTIME_DIR` (a folder with
+///    `libnixl_capi.so`, or a site-packages / unpacked wheel holding one);
+/// 2. the active Python environment's site-packages: `$VIRTUAL_ENV`, then
+///    `$CONDA_PREFIX` (`pip install nixl-cu12`, `nixl[cu12]` or `nixl-cu13`);
+/// 3. the usual system folders, then the dynamic linker's own search
+///    (`LD_LIBRARY_PATH`, `ld.so.cache`);
+/// 4. only if all of that failed, the system and user site-packages of
+///    `python3` (asked once, with a 3 s limit).
+///
+/// A missing runtime is [`Error::BackendUnavailable`] listing every place
+/// tried and ending with the command that fixes it; never an abort.
 pub fn load() -> Result<&'static Path> {
     let loaded = RUNTIME.get_or_init(|| {
         let mut tried = Vec::new();
-        for candidate in candidates() {
-            let label = candidate.as_deref().map_or_else(
-                || format!("{LIBRARY} (dynamic linker search)"),
-                |p| p.display().to_string(),
-            );
-            if let Some(path) = &candidate
-                && !path.is_file()
-            {
-                tried.push(format!("{label}: not found"));
-                continue;
-            }
-            match open(candidate.as_deref()) {
-                Ok(()) => {
-                    // Only now is it safe to call into nixl-sys: the stub's own
-                    // dlopen will find the library we just loaded.
-                    if nixl_sys::is_stub() {
-                        tried.push(format!(
-                            "{label}: loaded, but nixl-sys still could not resolve it"
-                        ));
-                        return Err(("nixl-sys could not bind the runtime".into(), tried));
-                    }
-                    let path = candidate.unwrap_or_else(|| PathBuf::from(LIBRARY));
-                    tracing::info!(runtime = %path.display(), "loaded the NIXL runtime");
-                    return Ok(path);
-                }
-                Err(reason) => tried.push(format!("{label}: {reason}")),
-            }
+        let cheap = candidates();
+        if let Some(path) = first_loadable(cheap, &mut tried)? {
+            return Ok(path);
         }
-        Err((
-            format!("{LIBRARY} was not found or could not be loaded"),
+        let from_python = python_site_packages(&mut tried)
+            .into_iter()
+            .flat_map(|site| wheel_libraries(&site))
+            .map(Some)
+            .collect();
+        if let Some(path) = first_loadable(from_python, &mut tried)? {
+            return Ok(path);
+        }
+        Err(Unavailable {
             tried,
-        ))
+            hint: hint(),
+        })
     });
     match loaded {
         Ok(path) => Ok(path),
-        Err((reason, tried)) => Err(Error::BackendUnavailable {
+        Err(unavailable) => Err(Error::BackendUnavailable {
             backend: "nixl",
-            reason: format!(
-                "{reason} (set {ENV_LIBRARY} or {ENV_DIR}, or run `cargo xtask nixl-runtime`)"
-            ),
-            tried: tried.clone(),
+            reason: format!("{LIBRARY} was not found or could not be loaded"),
+            tried: unavailable.tried.clone(),
+            hint: Some(unavailable.hint.clone()),
         }),
     }
 }
 
-/// Candidate files in search order; `None` is the dynamic linker's own search.
+/// The one thing to do, for this user's environment.
+fn hint() -> String {
+    let active = std::env::var_os("VIRTUAL_ENV").or_else(|| std::env::var_os("CONDA_PREFIX"));
+    match active {
+        Some(env) => format!(
+            "to fix: `pip install {PIP_PACKAGE}` in the active environment ({}), or set {ENV_DIR} to the folder holding {LIBRARY}",
+            PathBuf::from(env).display()
+        ),
+        None => format!(
+            "to fix: `pip install {PIP_PACKAGE}` (into a virtualenv you activate, or for python3), or set {ENV_DIR} to the folder holding {LIBRARY}"
+        ),
+    }
+}
+
+/// Loads the first candidate that exists and loads; `Ok(None)` if none did.
+/// `Err` if a library loaded but nixl-sys still could not bind it.
+fn first_loadable(
+    candidates: Vec<Option<PathBuf>>,
+    tried: &mut Vec<String>,
+) -> std::result::Result<Option<PathBuf>, Unavailable> {
+    for candidate in candidates {
+        let label = candidate.as_deref().map_or_else(
+            || format!("{LIBRARY} (dynamic linker search)"),
+            |p| p.display().to_string(),
+        );
+        if let Some(path) = &candidate
+            && !path.is_file()
+        {
+            tried.push(format!("{label}: not found"));
+            continue;
+        }
+        match open(candidate.as_deref()) {
+            Ok(()) => {
+                // Only now is it safe to call into nixl-sys: the stub's own
+                // dlopen will find the library we just loaded.
+                if nixl_sys::is_stub() {
+                    tried.push(format!(
+                        "{label}: loaded, but nixl-sys still could not resolve it"
+                    ));
+                    return Err(Unavailable {
+                        tried: std::mem::take(tried),
+                        hint: "nixl-sys could not bind the runtime it loaded: is it NIXL 1.5?"
+                            .into(),
+                    });
+                }
+                let path = candidate.unwrap_or_else(|| PathBuf::from(LIBRARY));
+                tracing::info!(runtime = %path.display(), "loaded the NIXL runtime");
+                return Ok(Some(path));
+            }
+            Err(reason) => tried.push(format!("{label}: {reason}")),
+        }
+    }
+    Ok(None)
+}
+
+/// Candidate files in search order, but for `python3`'s own site-packages;
+/// `None` is the dynamic linker's own search.
 fn candidates() -> Vec<Option<PathBuf>> {
     let mut out = Vec::new();
     if let Some(file) = std::env::var_os(ENV_LIBRARY) {
         out.push(Some(PathBuf::from(file)));
     }
-    let mut dirs: Vec<PathBuf> = Vec::new();
     if let Some(dir) = std::env::var_os(ENV_DIR) {
         let dir = PathBuf::from(dir);
-        dirs.push(dir.join(WHEEL_LIBS));
-        dirs.push(dir);
+        out.extend(wheel_libraries(&dir).into_iter().map(Some));
+        out.push(Some(dir.join(LIBRARY)));
     }
-    dirs.push(Path::new(WORKSPACE_RUNTIME).join(WHEEL_LIBS));
-    dirs.extend(SYSTEM_DIRS.iter().map(PathBuf::from));
-    out.extend(dirs.into_iter().map(|d| Some(d.join(LIBRARY))));
+    for prefix in ["VIRTUAL_ENV", "CONDA_PREFIX"].map(std::env::var_os) {
+        for site in prefix
+            .map(PathBuf::from)
+            .map_or_else(Vec::new, |p| site_packages(&p))
+        {
+            out.extend(wheel_libraries(&site).into_iter().map(Some));
+        }
+    }
+    out.extend(SYSTEM_DIRS.iter().map(|d| Some(Path::new(d).join(LIBRARY))));
     out.push(None);
     out
+}
+
+/// `libnixl_capi.so` in each NIXL wheel's library folder under `site`.
+fn wheel_libraries(site: &Path) -> Vec<PathBuf> {
+    WHEEL_LIBS
+        .iter()
+        .map(|w| site.join(w).join(LIBRARY))
+        .collect()
+}
+
+/// The site-packages folders of the Python environment at `prefix`
+/// (`lib/python3.*/site-packages`, and `lib64`).
+fn site_packages(prefix: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for lib in ["lib", "lib64"] {
+        let Ok(entries) = std::fs::read_dir(prefix.join(lib)) else {
+            continue;
+        };
+        let mut found: Vec<PathBuf> = entries
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("python3"))
+            .map(|e| e.path().join("site-packages"))
+            .filter(|p| p.is_dir())
+            .collect();
+        found.sort();
+        out.extend(found);
+    }
+    out
+}
+
+/// Asks `python3` for its system and user site-packages, within
+/// [`PYTHON_TIME_LIMIT`]; records what happened in `tried`.
+fn python_site_packages(tried: &mut Vec<String>) -> Vec<PathBuf> {
+    const SCRIPT: &str =
+        "import site\nfor p in site.getsitepackages() + [site.getusersitepackages()]: print(p)";
+    let child = Command::new("python3")
+        .args(["-c", SCRIPT])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn();
+    let mut child = match child {
+        Ok(child) => child,
+        Err(e) => {
+            tried.push(format!("python3's site-packages: cannot run python3 ({e})"));
+            return Vec::new();
+        }
+    };
+    let deadline = Instant::now() + PYTHON_TIME_LIMIT;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                tried.push(format!(
+                    "python3's site-packages: python3 did not answer within {PYTHON_TIME_LIMIT:?}"
+                ));
+                return Vec::new();
+            }
+        }
+    }
+    let mut out = String::new();
+    if let Some(mut stdout) = child.stdout.take() {
+        use std::io::Read;
+        let _ = stdout.read_to_string(&mut out);
+    }
+    let sites: Vec<PathBuf> = out.lines().map(PathBuf::from).collect();
+    if sites.is_empty() {
+        tried.push("python3's site-packages: python3 named none".into());
+    }
+    sites
 }
 
 fn open(path: Option<&Path>) -> std::result::Result<(), String> {

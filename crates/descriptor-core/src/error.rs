@@ -127,7 +127,11 @@ pub enum Error {
     },
 
     /// The backend runtime is missing (e.g. `libnixl_capi.so` not found).
-    #[error("{backend} backend is unavailable: {reason}; tried: {}", tried.join(", "))]
+    #[error(
+        "{backend} backend is unavailable: {reason}; tried: {}{}",
+        tried.join(", "),
+        hint.as_deref().map(|h| format!("; {h}")).unwrap_or_default()
+    )]
     BackendUnavailable {
         /// Backend name.
         backend: &'static str,
@@ -135,6 +139,8 @@ pub enum Error {
         reason: String,
         /// Every location or option tried.
         tried: Vec<String>,
+        /// What fixes it, as one command or setting, when there is one.
+        hint: Option<String>,
     },
 
     /// The peer named in metadata is unknown, gone, or refused access to a region.

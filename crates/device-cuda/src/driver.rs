@@ -33,6 +33,7 @@ pub(crate) fn unavailable() -> Error {
         backend: NAME,
         reason: "no usable CUDA driver".into(),
         tried: vec!["libcuda.so (cudarc dynamic loading) and cuInit".into()],
+        hint: Some("install the NVIDIA driver (it provides libcuda.so)".into()),
     }
 }
 

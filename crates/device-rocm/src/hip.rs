@@ -186,6 +186,10 @@ pub(crate) fn unavailable() -> Error {
             .iter()
             .map(|p| p.display().to_string())
             .collect(),
+        hint: Some(
+            "install ROCm's HIP runtime (libamdhip64.so), or put its folder on LD_LIBRARY_PATH"
+                .into(),
+        ),
     }
 }
 
