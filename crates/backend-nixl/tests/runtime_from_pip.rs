@@ -11,7 +11,8 @@
     clippy::unwrap_used,
     clippy::expect_used,
     clippy::panic,
-    clippy::print_stdout
+    clippy::print_stdout,
+    clippy::print_stderr
 )]
 
 use std::path::{Path, PathBuf};
