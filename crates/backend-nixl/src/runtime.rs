@@ -68,9 +68,18 @@ struct Unavailable {
 /// A missing runtime is [`Error::BackendUnavailable`] listing every place
 /// tried and ending with the command that fixes it; never an abort.
 pub fn load() -> Result<&'static Path> {
+    load_preferring(&[])
+}
+
+/// [`load`], looking first (right after `$NIXL_CAPI_LIB` and
+/// `$NIXL_RUNTIME_DIR`) in the given site-packages folders: what an embedding
+/// knows and the search cannot guess, such as a Python extension's own
+/// interpreter's `site.getsitepackages()`. The runtime is loaded once per
+/// process: once a search ran, later calls return its outcome.
+pub fn load_preferring(site_packages: &[PathBuf]) -> Result<&'static Path> {
     let loaded = RUNTIME.get_or_init(|| {
         let mut tried = Vec::new();
-        let cheap = candidates();
+        let cheap = candidates(site_packages);
         if let Some(path) = first_loadable(cheap, &mut tried)? {
             return Ok(path);
         }
@@ -155,7 +164,7 @@ fn first_loadable(
 
 /// Candidate files in search order, but for `python3`'s own site-packages;
 /// `None` is the dynamic linker's own search.
-fn candidates() -> Vec<Option<PathBuf>> {
+fn candidates(preferred_sites: &[PathBuf]) -> Vec<Option<PathBuf>> {
     let mut out = Vec::new();
     if let Some(file) = std::env::var_os(ENV_LIBRARY) {
         out.push(Some(PathBuf::from(file)));
@@ -164,6 +173,9 @@ fn candidates() -> Vec<Option<PathBuf>> {
         let dir = PathBuf::from(dir);
         out.extend(wheel_libraries(&dir).into_iter().map(Some));
         out.push(Some(dir.join(LIBRARY)));
+    }
+    for site in preferred_sites {
+        out.extend(wheel_libraries(site).into_iter().map(Some));
     }
     for prefix in ["VIRTUAL_ENV", "CONDA_PREFIX"].map(std::env::var_os) {
         for site in prefix
