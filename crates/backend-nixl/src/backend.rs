@@ -232,10 +232,11 @@ fn nixl_error(context: impl Into<String>, error: NixlError) -> Error {
 fn mem_of(device: Device) -> Result<(MemType, u64)> {
     match device.kind() {
         DeviceKind::Host => Ok((MemType::Dram, 0)),
-        DeviceKind::Cuda => Ok((MemType::Vram, u64::from(device.ordinal()))),
+        // Dynamo registers Intel XPU memory as VRAM too.
+        DeviceKind::Cuda | DeviceKind::Xpu => Ok((MemType::Vram, u64::from(device.ordinal()))),
         _ => Err(Error::Unsupported {
             backend: NAME,
-            what: format!("{device} memory (NIXL moves host and CUDA memory)"),
+            what: format!("{device} memory (NIXL moves host, CUDA and XPU memory)"),
         }),
     }
 }

@@ -13,8 +13,12 @@ pub enum DeviceKind {
     Host,
     /// NVIDIA GPU memory, `"cuda:N"` on the wire.
     Cuda,
-    /// AMD GPU memory, `"rocm:N"` on the wire.
+    /// AMD GPU memory, `"rocm:N"` on the wire (Rust peers only: Dynamo's
+    /// Python workers know no ROCm device).
     Rocm,
+    /// Intel GPU memory (Level Zero), `"xpu:N"` on the wire, as Dynamo 1.6
+    /// writes it; NIXL registers it as VRAM.
+    Xpu,
 }
 
 impl fmt::Display for DeviceKind {
@@ -23,15 +27,19 @@ impl fmt::Display for DeviceKind {
             DeviceKind::Host => "host",
             DeviceKind::Cuda => "cuda",
             DeviceKind::Rocm => "rocm",
+            DeviceKind::Xpu => "xpu",
         })
     }
 }
 
 /// A device: a kind plus an ordinal (always 0 for the host).
 ///
-/// Parses the strings Dynamo uses, case-insensitively: `"cpu"`, `"host"`,
-/// `"cuda"`, `"cuda:N"`, `"gpu"`, `"gpu:N"`, plus `"rocm[:N]"` and `"hip[:N]"`.
-/// Prints `cpu`, `cuda:N` or `rocm:N`, the form Dynamo's Python workers read.
+/// Parses the strings Dynamo uses, case-insensitively and ignoring surrounding
+/// white space: `"cpu"`, `"host"`, `"cuda"`, `"cuda:N"`, `"gpu"`, `"gpu:N"`,
+/// `"xpu"`, `"xpu:N"`, plus `"rocm[:N]"` and `"hip[:N]"`. Prints `cpu`,
+/// `cuda:N`, `xpu:N` or `rocm:N`, the form Dynamo's Python workers read (but
+/// for `rocm`, which they do not know). `docs/dynamo-compatibility.md` lists
+/// where this is stricter than Dynamo 1.6.1.
 ///
 /// ```
 /// use descriptor_core::{Device, DeviceKind};
@@ -58,6 +66,14 @@ impl Device {
     pub const fn cuda(ordinal: u32) -> Device {
         Device {
             kind: DeviceKind::Cuda,
+            ordinal,
+        }
+    }
+
+    /// The Intel XPU device with this ordinal.
+    pub const fn xpu(ordinal: u32) -> Device {
+        Device {
+            kind: DeviceKind::Xpu,
             ordinal,
         }
     }
@@ -109,6 +125,7 @@ impl fmt::Display for Device {
             DeviceKind::Host => f.write_str("cpu"),
             DeviceKind::Cuda => write!(f, "cuda:{}", self.ordinal),
             DeviceKind::Rocm => write!(f, "rocm:{}", self.ordinal),
+            DeviceKind::Xpu => write!(f, "xpu:{}", self.ordinal),
         }
     }
 }
@@ -121,19 +138,23 @@ impl FromStr for Device {
             input: input.chars().take(64).collect(),
             reason,
         };
-        let (name, ordinal) = match input.split_once(':') {
+        // As Dynamo's validators do (`v.strip().lower()`).
+        let trimmed = input.trim_ascii();
+        let (name, ordinal) = match trimmed.split_once(':') {
             Some((name, ordinal)) => (name, Some(ordinal)),
-            None => (input, None),
+            None => (trimmed, None),
         };
         let kind = if name.eq_ignore_ascii_case("cpu") || name.eq_ignore_ascii_case("host") {
             DeviceKind::Host
         } else if name.eq_ignore_ascii_case("cuda") || name.eq_ignore_ascii_case("gpu") {
             DeviceKind::Cuda
+        } else if name.eq_ignore_ascii_case("xpu") {
+            DeviceKind::Xpu
         } else if name.eq_ignore_ascii_case("rocm") || name.eq_ignore_ascii_case("hip") {
             DeviceKind::Rocm
         } else {
             return Err(invalid(
-                "expected cpu, host, cuda[:N], gpu[:N], rocm[:N] or hip[:N]",
+                "expected cpu, host, cuda[:N], gpu[:N], xpu[:N], rocm[:N] or hip[:N]",
             ));
         };
         let ordinal = match ordinal {
@@ -200,6 +221,9 @@ mod tests {
     #[case::hip_alias("hip:4", Device::rocm(4))]
     #[case::host_ordinal_zero("cpu:0", Device::HOST)]
     #[case::max_ordinal("cuda:4294967295", Device::cuda(u32::MAX))]
+    #[case::xpu_n("xpu:1", Device::xpu(1))]
+    #[case::bare_xpu("XPU", Device::xpu(0))]
+    #[case::surrounding_whitespace_as_dynamo(" cuda:0\n", Device::cuda(0))]
     fn parses_dynamo_device_strings(#[case] input: &str, #[case] expected: Device) {
         assert_eq!(input.parse::<Device>().ok(), Some(expected));
     }
@@ -212,7 +236,7 @@ mod tests {
     #[case::empty_ordinal("cuda:")]
     #[case::overflow("cuda:4294967296")]
     #[case::host_with_ordinal("cpu:1")]
-    #[case::whitespace(" cuda:0")]
+    #[case::inner_whitespace("cuda: 0")]
     #[case::two_colons("cuda:1:2")]
     fn rejects_malformed_device_strings(#[case] input: &str) {
         let err = input.parse::<Device>().err();
@@ -226,6 +250,7 @@ mod tests {
     #[case(Device::HOST, "cpu")]
     #[case(Device::cuda(0), "cuda:0")]
     #[case(Device::rocm(3), "rocm:3")]
+    #[case(Device::xpu(2), "xpu:2")]
     fn prints_the_wire_form_and_reads_it_back(#[case] device: Device, #[case] text: &str) {
         assert_eq!(device.to_string(), text);
         assert_eq!(text.parse::<Device>().ok(), Some(device));

@@ -56,9 +56,11 @@ impl OperationKind {
 }
 
 /// One remote region as it travels in [`RdmaMetadata`] (Dynamo's `SerializedDescriptor`).
+/// Unknown fields are refused, as Dynamo's pydantic model does (`extra="forbid"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SerializedDescriptor {
-    /// Device of the region (`"cpu"` or `"cuda:N"` on the wire).
+    /// Device of the region (`"cpu"`, `"cuda:N"` or `"xpu:N"` on the wire).
     pub device: Device,
     /// Address in the peer's address space; never zero.
     pub ptr: u64,
@@ -287,6 +289,7 @@ impl<'de> Deserialize<'de> for RdmaMetadata {
 /// while it is read, so that no path (serde's included) copies more than the
 /// limits allow.
 #[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Wire<'a> {
     #[serde(deserialize_with = "bounded_descriptors")]
     descriptors: Cow<'a, [SerializedDescriptor]>,
@@ -571,6 +574,17 @@ mod tests {
     }
 
     #[test]
+    fn reads_an_xpu_descriptor_as_dynamo_1_6_writes_it() {
+        let json = json_with(
+            "descriptors",
+            r#"[{"device":"xpu:1","ptr":4096,"size":64}]"#,
+        );
+        let parsed = RdmaMetadata::from_json(&json).unwrap_or_else(|e| unreachable!("{e}"));
+        assert_eq!(parsed.descriptors()[0].device, Device::xpu(1));
+        assert_eq!(parsed.to_json(), json);
+    }
+
+    #[test]
     fn oversized_json_is_refused_before_parsing() {
         let huge = " ".repeat(MAX_JSON_BYTES + 1);
         let err = RdmaMetadata::from_json(&huge).err().map(|e| e.to_string());
@@ -611,6 +625,11 @@ mod tests {
     )]
     #[case::negative_ptr("descriptors", r#"[{"device":"cpu","ptr":-5,"size":2}]"#, "json")]
     #[case::bad_device("descriptors", r#"[{"device":"npu:0","ptr":8,"size":2}]"#, "json")]
+    #[case::unknown_descriptor_field(
+        "descriptors",
+        r#"[{"device":"cpu","ptr":8,"size":2,"stride":1}]"#,
+        "json"
+    )]
     #[case::empty_list("descriptors", "[]", "descriptors")]
     #[case::kind_zero("operation_kind", "0", "operation_kind")]
     #[case::kind_three("operation_kind", "3", "operation_kind")]
@@ -632,6 +651,9 @@ mod tests {
 
     #[rstest]
     #[case::not_json("hello")]
+    #[case::unknown_field(
+        r#"{"descriptors":[{"device":"cpu","ptr":8,"size":2}],"nixl_metadata":"b64:eJxLTE/NK9FNyslPAgAVQgPc","notification_key":"k","operation_kind":1,"extra":0}"#
+    )]
     #[case::missing_fields("{}")]
     #[case::array("[1,2]")]
     #[case::truncated(r#"{"descriptors":[{"device":"cpu""#)]
