@@ -189,6 +189,22 @@ impl Connector {
 
     /// READs a peer's readable memory into `local`; the transfer is posted before
     /// this returns.
+    ///
+    /// # Pairing rules (Dynamo's), checked before anything is loaded or posted
+    ///
+    /// - `remote` must be a readable's metadata (`operation_kind` 1), else
+    ///   [`Error::OperationKindMismatch`];
+    /// - `local` has as many descriptors as `remote` ([`Error::DescriptorCountMismatch`]),
+    ///   and descriptor `i` of each is the same size ([`Error::SizeMismatch`]):
+    ///   bytes move descriptor by descriptor, never split or gathered;
+    /// - each side's descriptors are all on one kind of device ([`Error::MixedDevices`]);
+    /// - local descriptors are writable ([`Error::ReadOnlyBuffer`]) and not
+    ///   registered with another connector ([`Error::RegisteredElsewhere`]).
+    ///
+    /// A peer that publishes one large descriptor is read into one local
+    /// descriptor of that size (say a `Vec<u8>`), which you split after
+    /// [`into_descriptors`](crate::ReadOperation::into_descriptors); to read part of a
+    /// peer's region, the peer must publish that part as a descriptor of its own.
     pub fn begin_read(
         &self,
         remote: &RdmaMetadata,
@@ -200,6 +216,11 @@ impl Connector {
 
     /// WRITEs `local` into a peer's writable memory; the transfer is posted before
     /// this returns.
+    ///
+    /// The pairing rules are [`begin_read`](Self::begin_read)'s, with `remote` a
+    /// writable's metadata (`operation_kind` 2) and `local` allowed to be
+    /// read-only (`bytes::Bytes`). To fill a peer's one large descriptor, write
+    /// one local descriptor of that size.
     pub fn begin_write(
         &self,
         local: impl Into<Vec<Descriptor>>,

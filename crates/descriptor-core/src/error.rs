@@ -69,7 +69,12 @@ pub enum Error {
     },
 
     /// The peer's metadata is for the other kind of operation.
-    #[error("metadata is for {found:?} operations but {expected:?} was needed")]
+    #[error(
+        "the metadata is a {}'s (operation_kind {}), but this call needs a {}'s: a readable pairs with begin_read, a writable with begin_write",
+        passive(*found),
+        *found as u8,
+        passive(*expected)
+    )]
     OperationKindMismatch {
         /// The kind the call needs (`Read` for `begin_read`, `Write` for `begin_write`).
         expected: OperationKind,
@@ -78,7 +83,9 @@ pub enum Error {
     },
 
     /// Local and remote descriptor lists differ in length.
-    #[error("{local} local descriptors cannot pair with {remote} remote descriptors")]
+    #[error(
+        "{local} local descriptors cannot pair with {remote} remote descriptors (pairs are one to one, as in Dynamo)"
+    )]
     DescriptorCountMismatch {
         /// Number of local descriptors.
         local: usize,
@@ -87,7 +94,9 @@ pub enum Error {
     },
 
     /// A local descriptor and its remote partner differ in size.
-    #[error("descriptor {index}: local size {local} bytes != remote size {remote} bytes")]
+    #[error(
+        "descriptor {index}: local size {local} bytes != remote size {remote} bytes (paired descriptors must be the same size)"
+    )]
     SizeMismatch {
         /// Position in both lists.
         index: usize,
@@ -176,6 +185,14 @@ pub enum Error {
     /// A wait gave up before the operation finished; the operation goes on.
     #[error("operation did not finish within {0:?}")]
     TimedOut(Duration),
+}
+
+/// The passive operation that publishes metadata of this kind.
+fn passive(kind: OperationKind) -> &'static str {
+    match kind {
+        OperationKind::Read => "readable",
+        OperationKind::Write => "writable",
+    }
 }
 
 /// `Result` with this crate's [`Error`].
