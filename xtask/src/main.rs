@@ -19,6 +19,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
+/// The crates meant for crates.io; the rest of the workspace is `publish = false`.
+const PUBLISHED: &[&str] = &[
+    "descriptor-core",
+    "backend-loopback",
+    "backend-nixl",
+    "device-cuda",
+    "device-rocm",
+];
+
 /// Backends the demo knows, with the demo crate's feature that builds each.
 const BACKENDS: &[(&str, &str)] = &[("loopback", "loopback"), ("nixl", "nixl")];
 
@@ -266,6 +275,16 @@ fn test(root: &Path, args: &[String]) -> Result<(), u8> {
     doc.args(["doc", "--workspace", "--no-deps", "--all-features"])
         .env("RUSTDOCFLAGS", "-D warnings");
     step("rustdoc -D warnings", doc);
+
+    // The crates a downstream project depends on package and build from their
+    // packaged sources, as from crates.io (workspace path dependencies resolve
+    // to each other's packages).
+    let mut package = cargo();
+    package.args(["package", "--allow-dirty"]);
+    for krate in PUBLISHED {
+        package.args(["-p", krate]);
+    }
+    step("cargo package (published crates)", package);
 
     // The demo crate is a downstream crate that picks backends and device
     // probes with features of its own: build and run it with none, each alone,

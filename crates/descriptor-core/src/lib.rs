@@ -46,6 +46,8 @@
 //! a transfer may still use. See [`RegistrationBackend::revocation_enforced`] for
 //! what a backend can and cannot promise about peers.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod backend;
 mod buffer;
 mod connector;
@@ -62,6 +64,7 @@ mod sync;
 mod testing;
 
 #[cfg(feature = "conformance")]
+#[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub mod conformance;
 
 pub use backend::{
