@@ -48,6 +48,7 @@ pub struct NixlBackendBuilder {
     progress_delay: Duration,
     thread_sync: ThreadSync,
     scope: MetadataScope,
+    log_level: Option<runtime::LogLevel>,
 }
 
 impl NixlBackendBuilder {
@@ -87,6 +88,15 @@ impl NixlBackendBuilder {
         self
     }
 
+    /// Sets NIXL's log level for the whole process when the agent is built (see
+    /// [`runtime::set_log_level`]); `LogLevel::Off` silences the `E...` lines
+    /// NIXL prints for refused requests, whose reasons this crate's errors
+    /// already carry. Default: NIXL's own (`NIXL_LOG_LEVEL`, or INFO).
+    pub fn log_level(mut self, level: runtime::LogLevel) -> Self {
+        self.log_level = Some(level);
+        self
+    }
+
     /// NIXL's internal locking (default [`ThreadSync::Strict`]: the connector calls
     /// the agent from user threads and its progress engine at once).
     pub fn thread_sync(mut self, mode: ThreadSync) -> Self {
@@ -103,6 +113,9 @@ impl NixlBackendBuilder {
     /// Loads the runtime (see [`runtime::load`]), creates the agent and its backends.
     pub fn build(self) -> Result<NixlBackend> {
         runtime::load()?;
+        if let Some(level) = self.log_level {
+            runtime::set_log_level(level)?;
+        }
         let config = AgentConfig {
             enable_prog_thread: self.progress_thread,
             pthr_delay_us: u64::try_from(self.progress_delay.as_micros()).unwrap_or(u64::MAX),
@@ -272,6 +285,7 @@ impl NixlBackend {
             progress_delay: Duration::from_micros(100),
             thread_sync: ThreadSync::Strict,
             scope: MetadataScope::Agent,
+            log_level: None,
         }
     }
 

@@ -34,3 +34,4 @@ pub mod runtime;
 
 pub use backend::{MetadataScope, NixlBackend, NixlBackendBuilder};
 pub use nixl_sys::ThreadSync;
+pub use runtime::LogLevel;

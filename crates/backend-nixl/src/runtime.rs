@@ -263,6 +263,77 @@ fn python_site_packages(tried: &mut Vec<String>) -> Vec<PathBuf> {
     sites
 }
 
+/// The least severe of NIXL's own log lines that still reach stderr.
+///
+/// NIXL logs through Abseil; a refused request prints `E...` lines
+/// (`createXferReq: ...`, `Deserialization failed`) although this crate's errors
+/// already carry the reason. Set the level for the whole process with
+/// [`set_log_level`] (or `NixlBackendBuilder::log_level`), or with the
+/// environment variable `NIXL_LOG_LEVEL` (`TRACE` to `FATAL`), which NIXL reads
+/// once, when its library is loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LogLevel {
+    /// Information and above (NIXL's default).
+    Info,
+    /// Warnings and above.
+    Warning,
+    /// Errors and above.
+    Error,
+    /// Fatal messages only.
+    Fatal,
+    /// Nothing.
+    Off,
+}
+
+/// Abseil's `SetMinLogLevel`, as exported by the Abseil the NIXL wheels ship
+/// as shared libraries, one name per Abseil LTS release NIXL has used.
+const ABSL_SET_MIN_LOG_LEVEL: &[&str] = &[
+    "_ZN4absl12lts_2025081414SetMinLogLevelENS0_18LogSeverityAtLeastE",
+    "_ZN4absl12lts_2025051214SetMinLogLevelENS0_18LogSeverityAtLeastE",
+    "_ZN4absl12lts_2025012714SetMinLogLevelENS0_18LogSeverityAtLeastE",
+    "_ZN4absl12lts_2024072214SetMinLogLevelENS0_18LogSeverityAtLeastE",
+    "_ZN4absl12lts_2024011614SetMinLogLevelENS0_18LogSeverityAtLeastE",
+];
+
+/// Sets NIXL's log level for this process (loading the runtime first).
+///
+/// Works with runtimes that ship Abseil as a shared library, as the PyPI
+/// wheels do; otherwise returns [`Error::Unsupported`]: set `NIXL_LOG_LEVEL`
+/// in the environment before the process starts instead.
+pub fn set_log_level(level: LogLevel) -> Result<()> {
+    use libloading::os::unix::{Library, Symbol};
+    load()?;
+    // `absl::LogSeverityAtLeast`: kInfo 0, kWarning 1, kError 2, kFatal 3,
+    // kInfinity 1000.
+    let severity: i32 = match level {
+        LogLevel::Info => 0,
+        LogLevel::Warning => 1,
+        LogLevel::Error => 2,
+        LogLevel::Fatal => 3,
+        LogLevel::Off => 1000,
+    };
+    let global = Library::this();
+    for name in ABSL_SET_MIN_LOG_LEVEL {
+        // SAFETY: the symbol, if present, is Abseil's `void
+        // SetMinLogLevel(LogSeverityAtLeast)`, a free function taking one
+        // `int`-sized enum, which the x86-64 and AArch64 C ABIs pass exactly as
+        // an `i32` argument; the library it lives in was loaded by `load` and is
+        // never unloaded, so the function pointer stays valid.
+        let set: std::result::Result<Symbol<unsafe extern "C" fn(i32)>, _> =
+            unsafe { global.get(name.as_bytes()) };
+        if let Ok(set) = set {
+            // SAFETY: see above; Abseil's setter is thread-safe (an atomic store).
+            unsafe { set(severity) };
+            tracing::debug!(?level, "set NIXL's log level");
+            return Ok(());
+        }
+    }
+    Err(Error::Unsupported {
+        backend: "nixl",
+        what: "setting the log level of this NIXL runtime (it does not export Abseil's SetMinLogLevel); set NIXL_LOG_LEVEL before the process starts".into(),
+    })
+}
+
 fn open(path: Option<&Path>) -> std::result::Result<(), String> {
     use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
     let target = path.map_or_else(|| LIBRARY.as_ref(), Path::as_os_str);
