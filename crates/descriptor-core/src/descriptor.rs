@@ -71,12 +71,12 @@ impl Registration {
 
 impl Drop for Descriptor {
     fn drop(&mut self) {
-        if let Some(registration) = self.registration.take() {
-            if !registration.deregister() {
-                // Still registered as far as we know: leak rather than free
-                // memory the backend might let a peer reach.
-                std::mem::forget(self.buffer.take());
-            }
+        if let Some(registration) = self.registration.take()
+            && !registration.deregister()
+        {
+            // Still registered as far as we know: leak rather than free
+            // memory the backend might let a peer reach.
+            std::mem::forget(self.buffer.take());
         }
     }
 }
