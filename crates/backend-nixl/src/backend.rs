@@ -329,9 +329,20 @@ impl NixlBackend {
     }
 
     fn load(&self, blob: &[u8], what: &str) -> Result<String> {
-        self.agent
-            .load_remote_md(blob)
-            .map_err(|e| nixl_error(format!("load {what}"), e))
+        self.agent.load_remote_md(blob).map_err(|e| {
+            let context = match nixl_agent_name(blob) {
+                // NIXL refuses new connection info for a name it has loaded.
+                Some(peer) => format!(
+                    "load {what} of peer {peer:?} ({} bytes; refused if another agent of that name is loaded and in use)",
+                    blob.len()
+                ),
+                None => format!(
+                    "load {what} ({} bytes that do not start like NIXL agent metadata)",
+                    blob.len()
+                ),
+            };
+            nixl_error(context, e)
+        })
     }
 }
 
