@@ -15,10 +15,12 @@
 use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasher;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, PoisonError};
 
 use crate::backend::RegistrationBackend;
 use crate::error::Result;
+// loom's under `--cfg loom`: the model checks leases against operations.
+use crate::sync::{Condvar, Mutex, MutexGuard};
 
 /// Idle peers kept loaded by default.
 pub const DEFAULT_MAX_IDLE_PEERS: usize = 64;

@@ -1,7 +1,8 @@
-//! The synchronisation primitives of the operation state machine, swapped for
-//! `loom`'s when the crate is built with `--cfg loom`, so that the model in
-//! `operation/loom.rs` explores every interleaving of the real code (what tokio
-//! does with its `crate::loom` module).
+//! The synchronisation primitives of the operation state machine and the
+//! remote-peer cache, swapped for `loom`'s when the crate is built with
+//! `--cfg loom`, so that the model in `operation/loom.rs` explores every
+//! interleaving of the real code (what tokio does with its `crate::loom`
+//! module).
 
 #[cfg(all(loom, test))]
 pub(crate) use loom::sync::atomic::AtomicBool;

@@ -28,6 +28,7 @@ const PREEMPTION_BOUND: Option<usize> = Some(6);
 use super::state::{OpShared, OperationStatus, Outcome, Pending};
 use crate::backend::{ExposureId, RegistrationBackend, TransferId, TransferState};
 use crate::error::Error;
+use crate::remote::{DEFAULT_MAX_IDLE_PEERS, RemoteCache};
 use crate::testing::{Release, Scripted};
 
 fn model(f: impl Fn() + Sync + Send + 'static) {
@@ -160,6 +161,49 @@ fn loom_draining_memory_is_freed_only_once_released() {
         driver.join().unwrap();
         assert_eq!(freed.load(StdOrdering::SeqCst), 1);
         assert!(!backend.freed_early());
+    });
+}
+
+/// A waiter that returns finds the operation's peer reference dropped (the
+/// lease is let go before the operation is marked settled), whoever ends it.
+#[test]
+fn loom_a_returning_waiter_finds_the_peer_released() {
+    model(|| {
+        let backend = Arc::new(Scripted::new(true, false));
+        backend.set_poll(TransferState::Done);
+        let remotes = Arc::new(RemoteCache::new(
+            Arc::clone(&backend) as Arc<dyn RegistrationBackend>,
+            DEFAULT_MAX_IDLE_PEERS,
+        ));
+        let lease = remotes.acquire(b"scripted agent").unwrap();
+        let op = OpShared::new(
+            Arc::clone(&backend) as Arc<dyn RegistrationBackend>,
+            "read",
+            8,
+            OperationStatus::InProgress,
+            Pending::Transfer(TransferId(1)),
+            Some(lease),
+        );
+        let waiter = {
+            let (op, remotes) = (Arc::clone(&op), Arc::clone(&remotes));
+            thread::spawn(move || {
+                let result = op.wait(None, None);
+                (result.is_ok(), remotes.active())
+            })
+        };
+        let driver = {
+            let op = Arc::clone(&op);
+            thread::spawn(move || {
+                op.drive();
+            })
+        };
+        op.finish(Outcome::Cancelled);
+        driver.join().unwrap();
+        let (_, active) = waiter.join().unwrap();
+        assert_eq!(
+            active, 0,
+            "the waiter returned while the peer was still held"
+        );
     });
 }
 

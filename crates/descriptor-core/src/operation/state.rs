@@ -346,11 +346,19 @@ impl OpShared {
     /// Records what the backend still holds, marks the operation settled and
     /// wakes everyone waiting for it.
     fn publish(&self, pending: Option<Pending>) {
-        let (freed, wakers) = {
+        // First let go of what the backend no longer holds (the lease may
+        // unload a peer, orphans deregister), so that a waiter that returns
+        // finds them gone; then mark the operation settled and wake.
+        let freed = {
             let mut st = self.lock();
             if let Some(pending) = pending {
                 st.pending = pending;
             }
+            st.take_freed()
+        };
+        let dropped = catch_unwind(AssertUnwindSafe(|| drop(freed)));
+        let wakers = {
+            let mut st = self.lock();
             let first = !st.settled;
             st.settled = true;
             if first {
@@ -364,10 +372,9 @@ impl OpShared {
                     "operation finished"
                 );
             }
-            (st.take_freed(), std::mem::take(&mut st.wakers))
+            std::mem::take(&mut st.wakers)
         };
         self.settled.notify_all();
-        drop(freed);
         for (_, waker) in wakers {
             if catch_unwind(AssertUnwindSafe(|| waker.wake())).is_err() {
                 tracing::error!(
@@ -375,6 +382,11 @@ impl OpShared {
                     "a waker panicked; the operation ended regardless"
                 );
             }
+        }
+        // A backend that panicked while the lease or the descriptors were let
+        // go: waiters are woken all the same, then the panic goes on.
+        if let Err(panic) = dropped {
+            resume_unwind(panic);
         }
     }
 
