@@ -7,13 +7,15 @@
 //! - `nixl-runtime`: fetch and unpack the NIXL runtime (idempotent).
 //! - `fuzz [--seconds N]`: coverage-guided fuzzing of the untrusted-input parsers.
 //! - `gpu-bundle`: GPU checks and their NIXL runtime files in one folder.
-//! - `bench [--quick]`: the interleaved benchmark (release build), then the
-//!   criterion micro-benchmarks of the hot paths.
+//! - `bench [--quick] [--python]`: the interleaved benchmark (release build),
+//!   then the criterion micro-benchmarks of the hot paths, then (or, with
+//!   `--python`, only) the Python package against Dynamo's module.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod bundle;
 mod fuzz;
 mod nixl;
+mod python;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -55,7 +57,7 @@ fn main() -> ExitCode {
                 "usage: cargo xtask <command>\n\n\
                  commands:\n  \
                  test [--long]         fmt check, clippy -D warnings, all tests and doc tests, loom, ASan, fuzz, rustdoc -D warnings, demos\n  \
-                 bench [--quick]       memcpy / loopback / nixl / raw nixl-sys, interleaved; writes target/bench/\n  \
+                 bench [--quick] [--python]  memcpy / loopback / nixl / raw nixl-sys (--python: nixl_connect vs Dynamo), interleaved; writes target/bench/\n  \
                  fuzz [--seconds N]    libFuzzer on the metadata, agent-blob and device parsers (default 60 s each)\n  \
                  gpu-bundle            release GPU checks + the NIXL runtime they need in target/gpu-bundle (run.sh)\n  \
                  nixl-runtime          fetch the NIXL runtime ({}) into target/nixl-runtime (idempotent)\n  \
@@ -340,6 +342,18 @@ fn test(root: &Path, args: &[String]) -> Result<(), u8> {
         );
     }
 
+    // The Python package `nixl_connect`: a virtualenv under target/ (made
+    // once), the package installed with pip as a user installs it, then its
+    // pytest suite (both backends, interop with the real Dynamo module).
+    let started = Instant::now();
+    eprintln!("\n== python package: pip install + pytest ==");
+    let ok = python::test(root);
+    steps.push(Step {
+        name: "python: pip install, pytest",
+        ok,
+        took: started.elapsed(),
+    });
+
     println!("\n== cargo xtask test: summary ==");
     for s in &steps {
         println!(
@@ -419,14 +433,20 @@ fn demo(root: &Path, args: &[String]) -> Result<(), u8> {
 }
 
 fn bench(root: &Path, args: &[String]) -> Result<(), u8> {
-    let quick = match args {
-        [] => false,
-        [q] if q == "--quick" => true,
-        _ => {
-            eprintln!("usage: cargo xtask bench [--quick]");
-            return Err(2);
+    let (mut quick, mut python_only) = (false, false);
+    for arg in args {
+        match arg.as_str() {
+            "--quick" => quick = true,
+            "--python" => python_only = true,
+            _ => {
+                eprintln!("usage: cargo xtask bench [--quick] [--python]");
+                return Err(2);
+            }
         }
-    };
+    }
+    if python_only {
+        return python::bench(root, quick);
+    }
     let runtime = nixl::provision(root, "bench")?;
     let out = root.join("target/bench");
     let mut cmd = cargo();
@@ -452,5 +472,13 @@ fn bench(root: &Path, args: &[String]) -> Result<(), u8> {
     if quick {
         micro.args(["--warm-up-time", "0.5", "--measurement-time", "1"]);
     }
-    if run(root, micro) { Ok(()) } else { Err(1) }
+    if !run(root, micro) {
+        return Err(1);
+    }
+    // The Python rows (nixl_connect vs the real Dynamo module) when the
+    // Python environment exists (`cargo xtask test` or `bench --python` made it).
+    if python::venv_exists(root) {
+        python::bench(root, quick)?;
+    }
+    Ok(())
 }

@@ -1,0 +1,299 @@
+"""`cargo xtask bench --python`: steady-state round trips through `nixl_connect`
+(ours, NIXL backend) and through the real `dynamo.nixl_connect` 1.6.1.
+
+Same process layout for both, as the Dynamo measurement it is compared with:
+one worker process per implementation, holding two connectors (passive and
+active). The driver (this script) runs them interleaved: a batch of one, then a
+batch of the other, round after round, so machine noise hits both alike.
+
+While one worker is measured the other is stopped (SIGSTOP): Dynamo's NIXL
+agents run progress threads that spin even when idle, which on a small machine
+would slow whichever process runs next to them.
+
+One round trip: the passive side creates its readable (writable) operation and
+its metadata (untimed), then the timed part: `begin_read` (`begin_write`) and
+the active side's `wait_for_completion()`; then the passive side's wait
+(untimed). The bytes are checked after the warm-up and after the last round.
+
+Rows go into `report.json` (`--report`, merged: earlier `py-*` rows replaced)
+with `"backend": "py-nixl-connect"` and `"py-dynamo"`; a Markdown table and
+the targets are printed.
+"""
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+KIB, MIB = 1 << 10, 1 << 20
+MARK = "BENCH "
+BACKENDS = {"ours": "py-nixl-connect", "dynamo": "py-dynamo"}
+
+
+# Worker: one implementation, two connectors, one process.
+
+
+def worker(impl: str) -> None:
+    import numpy as np
+
+    if impl == "dynamo":
+        import dynamo.nixl_connect as nixl_connect
+    else:
+        import nixl_connect
+
+    async def main() -> None:
+        passive = nixl_connect.Connector()
+        active = nixl_connect.Connector()
+        buffers = {}
+
+        def prepare(op: str, size: int):
+            key = (op, size)
+            if key not in buffers:
+                rng = np.random.default_rng(size)
+                src = rng.integers(0, 256, size, dtype=np.uint8)
+                dst = np.zeros(size, dtype=np.uint8)
+                # READ: the passive side holds the data; WRITE: the active side.
+                p, a = (src, dst) if op == "read" else (dst, src)
+                buffers[key] = (
+                    p,
+                    a,
+                    nixl_connect.Descriptor((p, "cpu")),
+                    nixl_connect.Descriptor((a, "cpu")),
+                )
+            return buffers[key]
+
+        async def once(op: str, size: int) -> float:
+            _, _, pd, ad = prepare(op, size)
+            if op == "read":
+                passive_op = await passive.create_readable(pd)
+                metadata = passive_op.metadata()
+                started = time.perf_counter()
+                active_op = await active.begin_read(metadata, ad)
+            else:
+                passive_op = await passive.create_writable(pd)
+                metadata = passive_op.metadata()
+                started = time.perf_counter()
+                active_op = await active.begin_write(ad, metadata)
+            with active_op:
+                await active_op.wait_for_completion()
+                elapsed = time.perf_counter() - started
+            with passive_op:
+                await passive_op.wait_for_completion()
+            return elapsed
+
+        def digest(op: str, size: int) -> str:
+            p, a, _, _ = prepare(op, size)
+            same = bool((p == a).all())
+            return hashlib.sha256(p.tobytes()).hexdigest() if same else "MISMATCH"
+
+        for line in sys.stdin:
+            command = json.loads(line)
+            op, size = command["op"], command["size"]
+            if command["kind"] == "check":
+                prepare(op, size)[1 if op == "read" else 0][:] = 0
+                await once(op, size)
+                reply = {"digest": digest(op, size)}
+            else:
+                samples = [await once(op, size) for _ in range(command["count"])]
+                reply = {"samples": samples, "digest": digest(op, size)}
+            sys.stdout.write(MARK + json.dumps(reply) + "\n")
+            sys.stdout.flush()
+
+    asyncio.run(main())
+
+
+# Driver.
+
+
+class Peer:
+    def __init__(self, impl: str) -> None:
+        env = dict(os.environ)
+        env.pop("NIXL_CONNECT_BACKEND", None)
+        if impl == "dynamo":
+            env["PYTHONPATH"] = os.pathsep.join(
+                [env["NIXL_CONNECT_DYNAMO_SRC"], env["NIXL_CONNECT_TORCH_STUB"]]
+            )
+        else:
+            env.pop("PYTHONPATH", None)
+        self.impl = impl
+        self.others: list = []
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, "--worker", impl],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+
+    def pause(self, paused: bool) -> None:
+        # Dynamo's NIXL agents run progress threads that spin even when idle
+        # (two cores on this machine): a peer not being measured is stopped,
+        # so it cannot steal the CPU from the one that is.
+        os.kill(self.process.pid, signal.SIGSTOP if paused else signal.SIGCONT)
+
+    def ask(self, **command) -> dict:
+        assert self.process.stdin and self.process.stdout
+        for other in self.others:
+            other.pause(True)
+        self.pause(False)
+        self.process.stdin.write(json.dumps(command) + "\n")
+        self.process.stdin.flush()
+        for line in self.process.stdout:
+            if line.startswith(MARK):
+                return json.loads(line[len(MARK):])
+        raise RuntimeError(f"{self.impl} worker exited ({self.process.wait()})")
+
+    def close(self) -> None:
+        self.pause(False)
+        if self.process.stdin:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+def percentile(sorted_samples: list, p: float) -> float:
+    return sorted_samples[round((len(sorted_samples) - 1) * p)]
+
+
+def measure(quick: bool) -> list:
+    sizes = [4 * KIB, 64 * KIB, MIB, 16 * MIB] + ([] if quick else [64 * MIB])
+    peers = [Peer("ours"), Peer("dynamo")]
+    for peer in peers:
+        peer.others = [p for p in peers if p is not peer]
+    rows = []
+    try:
+        for size in sizes:
+            total = 40 if quick else 200
+            batch = 10 if quick else 20
+            if size >= 16 * MIB:
+                total, batch = (10, 5) if quick else (40, 10)
+            for op in ("read", "write"):
+                expected = None
+                for peer in peers:
+                    digest = peer.ask(kind="check", op=op, size=size)["digest"]
+                    if digest == "MISMATCH" or (expected and digest != expected):
+                        raise RuntimeError(f"{peer.impl}: {op} of {size} B moved wrong bytes")
+                    expected = digest
+                samples = {peer.impl: [] for peer in peers}
+                for _ in range(total // batch):
+                    for peer in peers:
+                        reply = peer.ask(kind="run", op=op, size=size, count=batch)
+                        if reply["digest"] != expected:
+                            raise RuntimeError(f"{peer.impl}: {op} of {size} B moved wrong bytes")
+                        samples[peer.impl].extend(reply["samples"])
+                for impl, s in samples.items():
+                    s.sort()
+                    p50 = percentile(s, 0.5)
+                    rows.append({
+                        "backend": BACKENDS[impl], "op": op, "block_bytes": size, "blocks": 1,
+                        "gbps": size / p50 / 1e9, "p50_us": p50 * 1e6,
+                        "p99_us": percentile(s, 0.99) * 1e6, "iterations": len(s),
+                    })
+                print(f"bench --python: {op} 1 x {size} B done ({total} iterations each)",
+                      file=sys.stderr)
+    finally:
+        for peer in peers:
+            peer.close()
+    return rows
+
+
+def human(size: int) -> str:
+    return f"{size >> 20} MiB" if size >= MIB else f"{size >> 10} KiB"
+
+
+def find(rows: list, backend: str, op: str, size: int):
+    for r in rows:
+        if (r["backend"], r["op"], r["block_bytes"], r["blocks"]) == (backend, op, size, 1):
+            return r
+    return None
+
+
+def targets(rows: list, rust_rows: list) -> list:
+    out = []
+    for r in rows:
+        if r["backend"] != "py-nixl-connect":
+            continue
+        d = find(rows, "py-dynamo", r["op"], r["block_bytes"])
+        if d is None:
+            continue
+        size, op = r["block_bytes"], r["op"]
+        if size in (4 * KIB, 64 * KIB):
+            ratio = d["p50_us"] / r["p50_us"]
+            out.append({"target": f"{op} {human(size)}: p50 >= 20x lower than Dynamo's",
+                        "value": round(ratio, 1), "met": ratio >= 20})
+        if size >= MIB:
+            out.append({"target": f"{op} {human(size)}: GB/s >= Dynamo's",
+                        "value": round(r["gbps"] / d["gbps"], 2), "met": r["gbps"] >= d["gbps"]})
+        if size == 4 * KIB:
+            rust = find(rust_rows, "nixl", op, size)
+            if rust is not None:
+                ratio = r["p50_us"] / rust["p50_us"]
+                out.append({"target": f"{op} 4 KiB: p50 within 1.5x of the Rust API's",
+                            "value": round(ratio, 2), "met": ratio <= 1.5})
+    return out
+
+
+def table(rows: list, rust_rows: list) -> str:
+    lines = [
+        "| op | block | nixl_connect p50 µs | Dynamo p50 µs | p50 × lower | nixl_connect GB/s | Dynamo GB/s | Rust API p50 µs |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r["backend"] != "py-nixl-connect":
+            continue
+        d = find(rows, "py-dynamo", r["op"], r["block_bytes"])
+        rust = find(rust_rows, "nixl", r["op"], r["block_bytes"])
+        lines.append(
+            f"| {r['op']} | {human(r['block_bytes'])} | {r['p50_us']:.0f} | "
+            f"{d['p50_us']:.0f} | {d['p50_us'] / r['p50_us']:.1f} | {r['gbps']:.2f} | "
+            f"{d['gbps']:.2f} | {rust['p50_us']:.0f} |" if rust else
+            f"| {r['op']} | {human(r['block_bytes'])} | {r['p50_us']:.0f} | "
+            f"{d['p50_us']:.0f} | {d['p50_us'] / r['p50_us']:.1f} | {r['gbps']:.2f} | "
+            f"{d['gbps']:.2f} | - |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", choices=sorted(BACKENDS))
+    parser.add_argument("--report", type=Path, default=Path("target/bench/report.json"))
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.worker)
+        return 0
+    for var in ("NIXL_CONNECT_DYNAMO_SRC", "NIXL_CONNECT_TORCH_STUB"):
+        if not os.environ.get(var):
+            print(f"bench.py: {var} is not set (cargo xtask bench --python sets it)", file=sys.stderr)
+            return 2
+    rows = measure(args.quick)
+    report = {}
+    if args.report.is_file():
+        report = json.loads(args.report.read_text())
+    results = [r for r in report.get("results", []) if not str(r.get("backend", "")).startswith("py-")]
+    rust_rows = [r for r in results if r.get("backend") == "nixl"]
+    report["results"] = results + rows
+    report["python_targets"] = targets(rows, rust_rows)
+    args.report.parent.mkdir(parents=True, exist_ok=True)
+    args.report.write_text(json.dumps(report, indent=2))
+    print("\n== nixl_connect (ours, NIXL) vs dynamo.nixl_connect 1.6.1, one block, p50 ==")
+    print(table(rows, rust_rows))
+    for t in report["python_targets"]:
+        print(f"  [{'met' if t['met'] else 'MISSED'}] {t['target']}: {t['value']}")
+    if not rust_rows:
+        print("  (no Rust API rows in the report: run `cargo xtask bench` for the 1.5x comparison)")
+    print(f"\nwrote {args.report}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

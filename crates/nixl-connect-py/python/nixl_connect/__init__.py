@@ -1,0 +1,765 @@
+# SPDX-License-Identifier: Apache-2.0
+"""NVIDIA Dynamo's ``dynamo.nixl_connect`` API (1.6.1) over a Rust core.
+
+``import nixl_connect`` replaces ``import dynamo.nixl_connect`` in a worker:
+same classes, signatures, enum values, pydantic models and exception types.
+The work is done by the native module (``nixl_connect._native``, Rust): memory
+descriptors keep their Python objects alive while a transfer may touch them,
+operations are the Rust operations, completion wakes the asyncio event loop
+from the library's own wake-up (an eventfd the loop watches, no polling), and
+the GIL is released around every blocking call and transfer.
+
+Beyond Dynamo, without changing what Dynamo callers see:
+
+- ``wait_for_completion(timeout=None)`` and a blocking ``wait(timeout=None)``
+  on every operation, ``cancel()`` on passive operations too;
+- descriptors from any object exposing ``__dlpack__`` or
+  ``__cuda_array_interface__`` (and ``__array_interface__``);
+- ``Connector(backend="loopback")``: a process-wide in-process fabric for tests
+  on machines without NIXL (``NIXL_CONNECT_BACKEND=loopback`` sets the default).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import os
+import socket
+import sys
+import threading
+import uuid
+import weakref
+from abc import ABC, abstractmethod
+from enum import IntEnum
+from functools import cached_property
+from typing import Any, List, Optional
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from . import _native
+
+__all__ = [
+    "AbstractOperation",
+    "ActiveOperation",
+    "Connector",
+    "Descriptor",
+    "Device",
+    "DeviceKind",
+    "OperationKind",
+    "OperationStatus",
+    "PassiveOperation",
+    "RdmaMetadata",
+    "ReadOperation",
+    "ReadableOperation",
+    "SerializedDescriptor",
+    "WritableOperation",
+    "WriteOperation",
+]
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = tuple(_native.BACKENDS)
+"""Backends a `Connector` can use: ``"nixl"`` (default) and ``"loopback"``."""
+
+
+# Enums: Dynamo's names, values and string forms.
+
+
+class DeviceKind(IntEnum):
+    """Type of memory a descriptor has been allocated to."""
+
+    UNSPECIFIED = 0
+    HOST = 1
+    """System (CPU) memory."""
+    CUDA = 2
+    """CUDA addressable device (GPU) memory."""
+    XPU = 3
+    """Intel XPU (Level-Zero) device memory (named for parity; not supported by the backends here)."""
+    ROCM = 4
+    """AMD ROCm/HIP device memory (beyond Dynamo)."""
+
+    def __str__(self) -> str:
+        return _DEVICE_KIND_NAMES.get(self, "<invalid>")
+
+    @property
+    def nixl_mem_type(self) -> str:
+        """NIXL's segment name for this kind: ``DRAM`` for host memory, ``VRAM`` otherwise."""
+        return "DRAM" if self == DeviceKind.HOST else "VRAM"
+
+
+_DEVICE_KIND_NAMES = {
+    DeviceKind.HOST: "cpu",
+    DeviceKind.CUDA: "cuda",
+    DeviceKind.XPU: "xpu",
+    DeviceKind.ROCM: "rocm",
+}
+
+
+class OperationKind(IntEnum):
+    """Kind of an operation."""
+
+    UNSPECIFIED = 0
+    READ = 1
+    WRITE = 2
+
+    def __str__(self) -> str:
+        return {1: "READ", 2: "WRITE"}.get(int(self), "<invalid>")
+
+
+class OperationStatus(IntEnum):
+    """Status of an operation."""
+
+    UNINITIALIZED = 0
+    """The operation has not been initialized yet and is not in a valid state."""
+    INITIALIZED = 1
+    """A passive operation waiting for its peer."""
+    IN_PROGRESS = 2
+    """An active operation whose transfer is posted and moving."""
+    COMPLETE = 3
+    """The operation has been completed successfully."""
+    CANCELLED = 4
+    """The operation has been cancelled by the user or system."""
+    ERRORED = 5
+    """The operation has encountered an error and cannot be completed."""
+
+    def __str__(self) -> str:
+        return {1: "INIT", 2: "PROC", 3: "DONE", 4: "STOP", 5: "ERR"}.get(
+            int(self), "<invalid>"
+        )
+
+
+_TERMINAL = (OperationStatus.COMPLETE, OperationStatus.CANCELLED, OperationStatus.ERRORED)
+_STATUSES = tuple(OperationStatus)
+
+
+class Device:
+    """A device: ``Device("cuda:1")``, ``Device("cpu")`` or ``Device((DeviceKind.CUDA, 1))``."""
+
+    __slots__ = ("_kind", "_device_id")
+
+    def __init__(self, metadata: str | tuple[DeviceKind, int]) -> None:
+        if metadata is None:
+            raise ValueError("Argument `metadata` cannot be `None`.")
+        if (
+            isinstance(metadata, tuple)
+            and len(metadata) == 2
+            and isinstance(metadata[0], DeviceKind)
+            and isinstance(metadata[1], int)
+        ):
+            kind, device_id = metadata
+        elif isinstance(metadata, str):
+            kind, device_id = _parse_device(metadata)
+        else:
+            raise TypeError(
+                "Argument `metadata` must be a `tuple[MemoryKind, int]` or a `str`."
+            )
+        self._kind = kind
+        self._device_id = device_id
+
+    def __repr__(self) -> str:
+        return f"Device(kind={self._kind}, id={self._device_id})"
+
+    def __str__(self) -> str:
+        if self._kind == DeviceKind.HOST:
+            return "cpu"
+        return f"{self._kind}:{self._device_id}"
+
+    def __eq__(self, other: Any) -> bool:
+        if not isinstance(other, Device):
+            return NotImplemented
+        return (self._kind, self._device_id) == (other._kind, other._device_id)
+
+    def __hash__(self) -> int:
+        return hash((self._kind, self._device_id))
+
+    @property
+    def id(self) -> int:
+        """The device ordinal (0 for host memory)."""
+        return self._device_id
+
+    @property
+    def kind(self) -> DeviceKind:
+        """The kind of memory."""
+        return self._kind
+
+
+_DEVICE_PREFIXES = (
+    ("cuda", DeviceKind.CUDA),
+    ("gpu", DeviceKind.CUDA),
+    ("xpu", DeviceKind.XPU),
+    ("rocm", DeviceKind.ROCM),
+    ("hip", DeviceKind.ROCM),
+)
+
+
+def _parse_device(text: str) -> tuple[DeviceKind, int]:
+    value = text.strip().lower()
+    if value in ("cpu", "host"):
+        return DeviceKind.HOST, 0
+    name, _, ordinal = value.partition(":")
+    for prefix, kind in _DEVICE_PREFIXES:
+        if name == prefix:
+            if ordinal == "":
+                return kind, 0
+            if ordinal.isdigit():
+                return kind, int(ordinal)
+            break
+    raise ValueError(
+        "Argument `metadata` must be in the format 'cuda:<device_id>', 'xpu:<device_id>', or 'cpu'."
+        f" Got {text!r}."
+    )
+
+
+# Wire models: Dynamo's pydantic models, byte-compatible JSON.
+
+
+class SerializedDescriptor(BaseModel):
+    """Pydantic serialization type for memory descriptors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    device: str = "cpu"
+    ptr: int = 0
+    size: int = 0
+
+    def to_descriptor(self) -> Descriptor:
+        """A `Descriptor` of the (remote) memory this describes."""
+        return Descriptor(data=(self.ptr, self.size, self.device, None))
+
+    @field_validator("device")
+    @classmethod
+    def validate_device(cls, v: str) -> str:
+        if not isinstance(v, str):
+            raise TypeError("Argument `device` must be `str`.")
+        v = v.strip().lower()
+        if not (v.startswith("cuda") or v.startswith("xpu") or v == "cpu"):
+            raise ValueError(
+                "Argument `device` must be one of 'cpu', 'cuda:<device_id>', or 'xpu:<device_id>'."
+            )
+        return v
+
+    @field_validator("ptr")
+    @classmethod
+    def validate_ptr(cls, v: int) -> int:
+        if v == 0:
+            raise ValueError("Argument `ptr` cannot be zero (aka `null` or `None`).")
+        return v
+
+    @field_validator("size")
+    @classmethod
+    def validate_size(cls, v: int) -> int:
+        if v < 0:
+            raise ValueError(
+                "Argument `size` must be an integer greater than or equal to zero."
+            )
+        return v
+
+
+class RdmaMetadata(BaseModel):
+    """Pydantic serialization type for describing the passive side of a transfer."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    descriptors: List[SerializedDescriptor] = []
+    nixl_metadata: str = ""
+    notification_key: str = ""
+    operation_kind: int = 0
+
+    def to_descriptors(self) -> Descriptor | list[Descriptor]:
+        """The remote descriptors: one `Descriptor`, or a list of several."""
+        if len(self.descriptors) == 0:
+            raise ValueError(
+                "Request descriptor must contain at least one serialized descriptor."
+            )
+        if len(self.descriptors) == 1:
+            return self.descriptors[0].to_descriptor()
+        return [item.to_descriptor() for item in self.descriptors]
+
+    @field_validator("operation_kind")
+    @classmethod
+    def validate_operation_kind(cls, v: int) -> int:
+        if v < 1 or v > 3:
+            raise TypeError(
+                "Argument `operation_kind` must be an integer value of `dynamo.nixl_connect.OperationKind`."
+            )
+        return v
+
+
+# The validated native form of each RdmaMetadata object, by identity, for as
+# long as the object lives: metadata made in this process (or parsed once) is
+# not encoded and parsed again for every operation. The models are frozen.
+_native_metadata: dict[int, tuple[weakref.ref, Any]] = {}
+
+
+def _remember_native(metadata: RdmaMetadata, native: Any) -> None:
+    key = id(metadata)
+
+    def forget(ref: weakref.ref, key: int = key) -> None:
+        entry = _native_metadata.get(key)
+        if entry is not None and entry[0] is ref:
+            del _native_metadata[key]
+
+    _native_metadata[key] = (weakref.ref(metadata, forget), native)
+
+
+def _native_of(metadata: Any) -> Any:
+    entry = _native_metadata.get(id(metadata))
+    if entry is not None and entry[0]() is metadata:
+        return entry[1]
+    native = _native.Metadata.from_json(metadata.model_dump_json())
+    if isinstance(metadata, RdmaMetadata):
+        _remember_native(metadata, native)
+    return native
+
+
+def _is_metadata(value: Any) -> bool:
+    # Dynamo's own model (same fields, same JSON) is welcome too.
+    return isinstance(value, RdmaMetadata) or (
+        type(value).__name__ == "RdmaMetadata" and hasattr(value, "model_dump_json")
+    )
+
+
+# Descriptors.
+
+
+class Descriptor:
+    """Memory to transfer: keeps its object alive while a transfer may touch it.
+
+    ``data`` is one of:
+
+    - a ``torch.Tensor`` (a non-contiguous tensor is copied, as Dynamo does, and
+      the copy can only be read from);
+    - ``(ndarray, Device | str)``: a NumPy (host) or CuPy (CUDA) array;
+    - ``bytes`` (read-only: it can back a readable or a write, never receive
+      data) or ``bytearray``;
+    - ``(ptr, size, Device | str, ref)``: raw memory; ``ref`` is kept alive;
+    - beyond Dynamo: any object exposing ``__dlpack__``,
+      ``__cuda_array_interface__`` or ``__array_interface__``.
+    """
+
+    __slots__ = ("_native", "_device", "_serialized", "__weakref__")
+
+    def __init__(self, data: Any) -> None:
+        self._native = _native.Descriptor(data)
+        self._device: Optional[Device] = None
+        self._serialized: Optional[SerializedDescriptor] = None
+
+    def __repr__(self) -> str:
+        return f"Descriptor({self})"
+
+    def __str__(self) -> str:
+        return f"ptr={hex(self.ptr)}, size={self.size}, device={self.device}"
+
+    @property
+    def device(self) -> Device:
+        """The device the memory is on."""
+        if self._device is None:
+            self._device = Device(self._native.device)
+        return self._device
+
+    @property
+    def ptr(self) -> int:
+        """Start address of the memory."""
+        return self._native.ptr
+
+    @property
+    def size(self) -> int:
+        """Size in bytes."""
+        return self._native.size
+
+    @property
+    def is_registered(self) -> bool:
+        """Whether the memory is registered with a connector."""
+        return self._native.is_registered
+
+    @property
+    def is_writable(self) -> bool:
+        """Whether transfers may write into the memory (``False`` for ``bytes``)."""
+        return self._native.writable
+
+    @property
+    def metadata(self) -> SerializedDescriptor:
+        """The descriptor as a `SerializedDescriptor`."""
+        if self._serialized is None:
+            self._serialized = SerializedDescriptor(
+                device=str(self.device), ptr=self.ptr, size=self.size
+            )
+        return self._serialized
+
+    @staticmethod
+    def from_serialized(serialized: SerializedDescriptor) -> Descriptor:
+        """A `Descriptor` from a `SerializedDescriptor`."""
+        if not isinstance(serialized, SerializedDescriptor):
+            raise TypeError("Argument `serialized` must be `SerializedDescriptor`.")
+        return serialized.to_descriptor()
+
+    def register_memory(self, connector: Connector) -> None:
+        """Registers the memory with `connector` now (operations otherwise do it
+        on first use). Again with the same connector: nothing; with another:
+        ``RuntimeError``."""
+        if not isinstance(connector, Connector):
+            raise TypeError("Argument `connector` must be `nixl_connect.Connector`.")
+        self._native.register(connector._connection())
+
+    def register_with_connector(self, connection: Connector) -> None:
+        """Dynamo 1.6.1's name for `register_memory` (its `Connection` is the `Connector` here)."""
+        self.register_memory(connection)
+
+    def deregister_with_connector(self, connection: Connector) -> None:
+        """Deregisters the memory; it registers again when next used."""
+        if not isinstance(connection, Connector):
+            raise TypeError("Argument `connection` must be `nixl_connect.Connector`.")
+        self._native.deregister()
+
+
+def _descriptor_list(value: Any, what: str = "local_descriptors") -> list[Descriptor]:
+    if isinstance(value, Descriptor):
+        return [value]
+    if isinstance(value, list) and all(isinstance(d, Descriptor) for d in value):
+        if len(value) == 0:
+            raise ValueError(f"Argument `{what}` must not be an empty list.")
+        return value
+    raise TypeError(
+        f"Argument `{what}` must be `dynamo.nixl_connect.Descriptor` or `list[dynamo.nixl_connect.Descriptor]`."
+    )
+
+
+# Completion into asyncio: one native notifier (an eventfd the loop watches)
+# per event loop. The library's own wakers signal it; nothing polls.
+_notifiers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any]" = (
+    weakref.WeakKeyDictionary()
+)
+_notifiers_lock = threading.Lock()
+
+
+def _notifier(loop: asyncio.AbstractEventLoop) -> Any:
+    notifier = _notifiers.get(loop)
+    if notifier is None:
+        with _notifiers_lock:
+            notifier = _notifiers.get(loop)
+            if notifier is None:
+                notifier = _native.Notifier()
+                loop.add_reader(notifier.fileno(), notifier.on_ready)
+                _notifiers[loop] = notifier
+    return notifier
+
+
+# Operations.
+
+
+class AbstractOperation(ABC):
+    """An operation: awaitable, cancellable, a context manager."""
+
+    def __init__(
+        self,
+        connector: Connector,
+        operation_kind: OperationKind,
+        native: Any,
+        local_descriptors: list[Descriptor],
+        single: bool,
+    ) -> None:
+        self._connector = connector
+        self._operation_kind = operation_kind
+        self._native = native
+        self._local_desc_list = local_descriptors
+        self._single = single
+
+    def __enter__(self) -> AbstractOperation:
+        return self
+
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        # As dropping a Rust operation: an unfinished one is cancelled; its
+        # memory goes back to the descriptors once no transfer can touch it.
+        if self._native.status() not in _TERMINAL:
+            self._native.cancel()
+        self._native.reclaim_now()
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.__class__.__name__}(operation_kind={self._operation_kind}, "
+            f"local_descriptors={self._local_desc_list}, status='{self.status}')"
+        )
+
+    @property
+    def connection(self) -> Connector:
+        """The connector the operation belongs to."""
+        return self._connector
+
+    @property
+    def operation_kind(self) -> OperationKind:
+        """READ or WRITE."""
+        return self._operation_kind
+
+    @property
+    def status(self) -> OperationStatus:
+        """The status; never blocks."""
+        return _STATUSES[self._native.status()]
+
+    def cancel(self) -> None:
+        """Cancels the operation; no effect once it completed or was cancelled.
+        ``RuntimeError`` if it errored (as Dynamo)."""
+        if self._native.status() == OperationStatus.ERRORED:
+            raise RuntimeError("Operation is errored, unable to cancel the operation.")
+        self._native.cancel()
+
+    async def wait_for_completion(self, timeout: Optional[float] = None) -> None:
+        """Waits, without blocking the event loop, until the operation ends.
+
+        Returns once it completed (or was cancelled, as Dynamo); raises
+        ``RuntimeError`` if the transfer errored and ``TimeoutError`` if
+        `timeout` seconds passed first (the operation goes on).
+        """
+        native = self._native
+        if native.finish() is not None:
+            return
+        loop = asyncio.get_running_loop()
+        notifier = _notifier(loop)
+        future = loop.create_future()
+        token = notifier.arm(native, future)
+        if token is not None:
+            try:
+                if timeout is None:
+                    await future
+                else:
+                    try:
+                        await asyncio.wait_for(future, timeout)
+                    except asyncio.TimeoutError:
+                        raise TimeoutError(
+                            f"operation did not finish within {timeout} s"
+                        ) from None
+            finally:
+                notifier.disarm(token)
+        native.finish()
+
+    def wait(self, timeout: Optional[float] = None) -> OperationStatus:
+        """Blocks the calling thread (GIL released) until the operation ends;
+        returns its final status. Raises like `wait_for_completion`."""
+        return _STATUSES[self._native.wait(timeout)]
+
+
+class ActiveOperation(AbstractOperation):
+    """An operation that moves bytes to or from a peer's passive operation."""
+
+
+class PassiveOperation(AbstractOperation):
+    """An operation that exposes local memory to one peer, described by `metadata()`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._metadata: dict[bool, RdmaMetadata] = {}
+
+    def metadata(self, hex_encode: bool = False) -> RdmaMetadata:
+        """What the peer needs (send it out of band). ``hex_encode=True`` gives
+        Dynamo's legacy hex `nixl_metadata` instead of ``b64:``."""
+        hex_encode = bool(hex_encode)
+        cached = self._metadata.get(hex_encode)
+        if cached is not None:
+            return cached
+        metadata = RdmaMetadata.model_validate_json(self._native.metadata_json())
+        if hex_encode:
+            raw = base64.b64decode(metadata.nixl_metadata[len("b64:") :])
+            metadata = metadata.model_copy(update={"nixl_metadata": raw.hex()})
+        else:
+            _remember_native(metadata, self._native.metadata())
+        self._metadata[hex_encode] = metadata
+        return metadata
+
+
+class ReadOperation(ActiveOperation):
+    """READs a peer's `ReadableOperation` into local descriptors."""
+
+    def results(self) -> list[Descriptor]:
+        """The local descriptors, which now hold the data; ``RuntimeError`` before completion."""
+        if self.status != OperationStatus.COMPLETE:
+            raise RuntimeError("Operation has not completed yet, cannot get results.")
+        self._native.reclaim_now()
+        return list(self._local_desc_list)
+
+
+class WriteOperation(ActiveOperation):
+    """WRITEs local descriptors into a peer's `WritableOperation`."""
+
+
+class ReadableOperation(PassiveOperation):
+    """Exposes local memory for a peer to READ; completes when the peer says it is done."""
+
+
+class WritableOperation(PassiveOperation):
+    """Exposes local memory for a peer to WRITE; completes when the peer says it is done."""
+
+
+# The connector.
+
+
+def _search_paths() -> list[str]:
+    """Where the running interpreter imports from: NIXL installed by pip
+    (``nixl_connect[cu12]``) is found here with nothing set."""
+    paths: list[str] = []
+    try:
+        import site
+
+        paths.extend(site.getsitepackages())
+        paths.append(site.getusersitepackages())
+    except (AttributeError, ImportError):
+        pass
+    paths.extend(p for p in sys.path if p)
+    seen: set[str] = set()
+    out = []
+    for p in paths:
+        if p not in seen and os.path.isdir(p):
+            seen.add(p)
+            out.append(p)
+    return out
+
+
+class Connector:
+    """Creates the four operations for one worker.
+
+    ``Connector(worker_id=None, backend=None)``: `worker_id` names the worker
+    (a new UUID by default); `backend` is ``"nixl"`` (default, or
+    ``$NIXL_CONNECT_BACKEND``) or ``"loopback"`` (a process-wide in-process
+    fabric, for tests). As with Dynamo, the NIXL agent is created on first use.
+    """
+
+    def __init__(self, worker_id: Optional[str] = None, backend: Optional[str] = None) -> None:
+        worker_id = worker_id if worker_id is not None else uuid.uuid4().hex
+        if not isinstance(worker_id, str) or len(worker_id) == 0:
+            raise TypeError("Argument `worker_id` must be a non-empty `str` or `None`.")
+        if backend is None:
+            backend = os.environ.get("NIXL_CONNECT_BACKEND", "nixl")
+        if backend not in BACKENDS:
+            raise ValueError(
+                f"Argument `backend` must be one of {', '.join(BACKENDS)}; got {backend!r}."
+            )
+        self._worker_id = worker_id
+        self._hostname = socket.gethostname()
+        self._backend = backend
+        self._native: Any = None
+        self._native_lock = threading.Lock()
+
+    def _connection(self) -> Any:
+        native = self._native
+        if native is None:
+            with self._native_lock:
+                if self._native is None:
+                    self._native = _native.Connector(
+                        self._worker_id, self._backend, _search_paths()
+                    )
+                native = self._native
+        return native
+
+    def __eq__(self, other: Any) -> bool:
+        if not isinstance(other, Connector):
+            return False
+        return self._worker_id == other._worker_id
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Connector(worker_id='{self._worker_id}', hostname={self._hostname})"
+
+    def __str__(self) -> str:
+        return self._worker_id
+
+    @property
+    def hostname(self) -> str:
+        """The name of this worker's host."""
+        return self._hostname
+
+    @property
+    def name(self) -> str | None:
+        """The worker's name (its `worker_id`)."""
+        return self._worker_id
+
+    @property
+    def backend(self) -> str:
+        """``"nixl"`` or ``"loopback"``."""
+        return self._backend
+
+    @cached_property
+    def is_cuda_available(self) -> bool:
+        """Whether CUDA memory can be used (CuPy or an imported torch says so)."""
+        try:
+            import cupy  # type: ignore[import-not-found]
+
+            return cupy.cuda is not None and bool(cupy.cuda.is_available())
+        except Exception:
+            pass
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            try:
+                return bool(torch.cuda.is_available())
+            except Exception:
+                return False
+        return False
+
+    async def initialize(self) -> None:
+        """Deprecated in Dynamo; does nothing."""
+
+    async def begin_read(
+        self,
+        remote_metadata: RdmaMetadata,
+        local_descriptors: Descriptor | list[Descriptor],
+    ) -> ReadOperation:
+        """READs a peer's readable memory (`remote_metadata`) into
+        `local_descriptors`; the transfer is posted before this returns."""
+        if remote_metadata is None or not _is_metadata(remote_metadata):
+            raise TypeError("Argument `remote_metadata` must be `RdmaMetadata`.")
+        local = _descriptor_list(local_descriptors)
+        if remote_metadata.operation_kind != OperationKind.READ.value:
+            raise RuntimeError(
+                "Cannot create a `dynamo.nixl_connect.ReadOperation` to read from a remote `dynamo.nixl_connect.WritableOperation`."
+            )
+        native = self._connection().begin_read(
+            _native_of(remote_metadata), [d._native for d in local]
+        )
+        return ReadOperation(
+            self, OperationKind.READ, native, local, isinstance(local_descriptors, Descriptor)
+        )
+
+    async def begin_write(
+        self,
+        local_descriptors: Descriptor | list[Descriptor],
+        remote_metadata: RdmaMetadata,
+    ) -> WriteOperation:
+        """WRITEs `local_descriptors` into a peer's writable memory
+        (`remote_metadata`); the transfer is posted before this returns."""
+        if remote_metadata is None or not _is_metadata(remote_metadata):
+            raise TypeError("Argument `remote_metadata` must be `RdmaMetadata`.")
+        local = _descriptor_list(local_descriptors)
+        if remote_metadata.operation_kind != OperationKind.WRITE.value:
+            raise RuntimeError(
+                "Cannot create a `WriteOperation` to write to a remote `ReadableOperation`."
+            )
+        if not isinstance(remote_metadata.nixl_metadata, str):
+            raise TypeError("Argument `remote_metadata.nixl_metadata` must be `str`.")
+        native = self._connection().begin_write(
+            [d._native for d in local], _native_of(remote_metadata)
+        )
+        return WriteOperation(
+            self, OperationKind.WRITE, native, local, isinstance(local_descriptors, Descriptor)
+        )
+
+    async def create_readable(
+        self, local_descriptors: Descriptor | list[Descriptor]
+    ) -> ReadableOperation:
+        """Exposes `local_descriptors` for one peer to READ; send it `metadata()`."""
+        local = _descriptor_list(local_descriptors)
+        native = self._connection().create_readable([d._native for d in local])
+        return ReadableOperation(
+            self, OperationKind.READ, native, local, isinstance(local_descriptors, Descriptor)
+        )
+
+    async def create_writable(
+        self, local_descriptors: Descriptor | list[Descriptor]
+    ) -> WritableOperation:
+        """Exposes `local_descriptors` for one peer to WRITE; send it `metadata()`."""
+        local = _descriptor_list(local_descriptors)
+        native = self._connection().create_writable([d._native for d in local])
+        return WritableOperation(
+            self, OperationKind.WRITE, native, local, isinstance(local_descriptors, Descriptor)
+        )

@@ -1,0 +1,222 @@
+//! The native `Connector`: a core [`Connector`] over NIXL or the process-wide
+//! loopback fabric, and the four ways to start an operation.
+
+use std::path::PathBuf;
+
+use std::time::Duration;
+
+use backend_loopback::{Fabric, FaultInjector, LoopbackBackend};
+use backend_nixl::NixlBackend;
+use descriptor_core::{Connector, Descriptor};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+
+use crate::descriptor::PyDescriptor;
+use crate::error::to_py;
+use crate::metadata::PyMetadata;
+use crate::operation::{AnyOp, PyOperation};
+
+/// Backends a connector can be built over.
+pub(crate) const BACKENDS: &[&str] = &["nixl", "loopback"];
+
+/// A connector (`nixl_connect.Connector` creates one on first use).
+#[pyclass(frozen, module = "nixl_connect._native", name = "Connector")]
+pub(crate) struct PyConnector {
+    inner: Connector,
+    /// Fault injection for tests (loopback only).
+    faults: Option<FaultInjector>,
+}
+
+impl PyConnector {
+    pub(crate) fn inner(&self) -> &Connector {
+        &self.inner
+    }
+
+    fn faults(&self) -> PyResult<&FaultInjector> {
+        self.faults
+            .as_ref()
+            .ok_or_else(|| PyRuntimeError::new_err("fault injection is for loopback connectors"))
+    }
+}
+
+/// Which way the operation moves bytes through the local memory.
+#[derive(Clone, Copy)]
+enum Access {
+    /// Peers or transfers only read it.
+    Read,
+    /// A transfer writes it.
+    Written,
+}
+
+/// Takes the Rust descriptors out of `descriptors` for an operation; on any
+/// refusal gives back those already taken.
+fn lend(
+    py: Python<'_>,
+    descriptors: &[Py<PyDescriptor>],
+    access: Access,
+) -> PyResult<Vec<Descriptor>> {
+    if descriptors.is_empty() {
+        return Err(PyValueError::new_err(
+            "Argument `local_descriptors` must not be an empty list.",
+        ));
+    }
+    if let Access::Written = access {
+        for (index, d) in descriptors.iter().enumerate() {
+            let source = d.get().source();
+            if !source.writable {
+                return Err(PyValueError::new_err(format!(
+                    "local descriptor {index} is read-only and cannot receive data: {}",
+                    source.read_only_reason.unwrap_or("the memory is read-only")
+                )));
+            }
+        }
+    }
+    let mut taken = Vec::with_capacity(descriptors.len());
+    for (index, d) in descriptors.iter().enumerate() {
+        match d.get().lend(py, index) {
+            Ok(descriptor) => taken.push(descriptor),
+            Err(e) => {
+                for (python, descriptor) in descriptors.iter().zip(taken) {
+                    python.get().give_back(descriptor);
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(taken)
+}
+
+#[pymethods]
+impl PyConnector {
+    /// A connector named `name` over `backend` (`"nixl"` or `"loopback"`).
+    /// For NIXL, the runtime is looked for first in `site_packages` (the
+    /// running interpreter's), then where `backend_nixl::runtime` looks.
+    #[new]
+    #[pyo3(signature = (name, backend, site_packages=Vec::new()))]
+    fn new(
+        py: Python<'_>,
+        name: &str,
+        backend: &str,
+        site_packages: Vec<PathBuf>,
+    ) -> PyResult<PyConnector> {
+        let mut faults = None;
+        let inner = match backend {
+            "loopback" => {
+                let backend = LoopbackBackend::new(&Fabric::global(), name).map_err(to_py)?;
+                faults = Some(backend.faults());
+                Connector::new(backend)
+            }
+            "nixl" => py
+                .detach(|| {
+                    backend_nixl::runtime::load_preferring(&site_packages)?;
+                    NixlBackend::new(name)
+                })
+                .map(Connector::new)
+                .map_err(to_py)?,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "unknown backend {other:?}; available: {}",
+                    BACKENDS.join(", ")
+                )));
+            }
+        };
+        Ok(PyConnector { inner, faults })
+    }
+
+    /// Testing hook (loopback only): the next transfer this connector posts
+    /// fails with `reason`, touching no memory.
+    fn _fail_next_transfer(&self, reason: &str) -> PyResult<()> {
+        self.faults()?.fail_next_transfer(reason);
+        Ok(())
+    }
+
+    /// Testing hook (loopback only): the next transfer this connector posts
+    /// stays in progress for `seconds` before moving any byte.
+    fn _delay_next_transfer(&self, seconds: f64) -> PyResult<()> {
+        let delay = Duration::try_from_secs_f64(seconds)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        self.faults()?.delay_next_transfer(delay);
+        Ok(())
+    }
+
+    /// Testing hook (loopback only): the notification of the next transfer
+    /// this connector completes is lost.
+    fn _drop_next_notification(&self) -> PyResult<()> {
+        self.faults()?.drop_next_notification();
+        Ok(())
+    }
+
+    /// The agent name peers know this connector by.
+    #[getter]
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    /// `"nixl"` or `"loopback"`.
+    #[getter]
+    fn backend(&self) -> &'static str {
+        self.inner.backend_name()
+    }
+
+    /// Whether the backend can cut a peer off after an operation ends.
+    #[getter]
+    fn revocation_enforced(&self) -> bool {
+        self.inner.revocation_enforced()
+    }
+
+    /// Exposes the descriptors' memory for one peer to READ.
+    fn create_readable(
+        &self,
+        py: Python<'_>,
+        descriptors: Vec<Py<PyDescriptor>>,
+    ) -> PyResult<PyOperation> {
+        let local = lend(py, &descriptors, Access::Read)?;
+        let op = py
+            .detach(|| self.inner.create_readable(local))
+            .map_err(to_py)?;
+        Ok(PyOperation::new(AnyOp::Readable(op), descriptors))
+    }
+
+    /// Exposes the descriptors' memory for one peer to WRITE.
+    fn create_writable(
+        &self,
+        py: Python<'_>,
+        descriptors: Vec<Py<PyDescriptor>>,
+    ) -> PyResult<PyOperation> {
+        let local = lend(py, &descriptors, Access::Written)?;
+        let op = py
+            .detach(|| self.inner.create_writable(local))
+            .map_err(to_py)?;
+        Ok(PyOperation::new(AnyOp::Writable(op), descriptors))
+    }
+
+    /// READs the peer's readable memory (`metadata`) into the descriptors;
+    /// posted before this returns.
+    fn begin_read(
+        &self,
+        py: Python<'_>,
+        metadata: &PyMetadata,
+        descriptors: Vec<Py<PyDescriptor>>,
+    ) -> PyResult<PyOperation> {
+        let local = lend(py, &descriptors, Access::Written)?;
+        let op = py
+            .detach(|| self.inner.begin_read(metadata.inner(), local))
+            .map_err(to_py)?;
+        Ok(PyOperation::new(AnyOp::Read(op), descriptors))
+    }
+
+    /// WRITEs the descriptors into the peer's writable memory (`metadata`);
+    /// posted before this returns.
+    fn begin_write(
+        &self,
+        py: Python<'_>,
+        descriptors: Vec<Py<PyDescriptor>>,
+        metadata: &PyMetadata,
+    ) -> PyResult<PyOperation> {
+        let local = lend(py, &descriptors, Access::Read)?;
+        let op = py
+            .detach(|| self.inner.begin_write(local, metadata.inner()))
+            .map_err(to_py)?;
+        Ok(PyOperation::new(AnyOp::Write(op), descriptors))
+    }
+}

@@ -1,0 +1,26 @@
+//! The core's errors as the Python exceptions Dynamo raises for the same cases.
+
+use descriptor_core::Error;
+use pyo3::PyErr;
+use pyo3::exceptions::{PyImportError, PyRuntimeError, PyTimeoutError, PyValueError};
+
+/// Maps an error of the Rust API to the exception a Dynamo caller expects:
+/// bad arguments are `ValueError`, a wrong kind of metadata and failed
+/// transfers `RuntimeError`, a missing NIXL runtime `ImportError` (Dynamo's
+/// deferred import error), a wait that gave up `TimeoutError`.
+pub(crate) fn to_py(error: Error) -> PyErr {
+    let message = error.to_string();
+    match error {
+        Error::InvalidDevice { .. }
+        | Error::InvalidDescriptor(_)
+        | Error::InvalidMetadata { .. }
+        | Error::EmptyDescriptorList { .. }
+        | Error::DescriptorCountMismatch { .. }
+        | Error::SizeMismatch { .. }
+        | Error::MixedDevices { .. }
+        | Error::ReadOnlyBuffer { .. } => PyValueError::new_err(message),
+        Error::BackendUnavailable { .. } => PyImportError::new_err(message),
+        Error::TimedOut(_) => PyTimeoutError::new_err(message),
+        _ => PyRuntimeError::new_err(message),
+    }
+}

@@ -1,0 +1,41 @@
+//! The native half of the Python package `nixl_connect`: NVIDIA Dynamo's
+//! `dynamo.nixl_connect` API (1.6.1) over `descriptor-core`, so that a Python
+//! worker switches with its import line.
+//!
+//! The Python layer (`python/nixl_connect/__init__.py`) keeps Dynamo's names,
+//! enums and pydantic models; everything else is here, over the Rust API:
+//! - `descriptor::PyDescriptor`: a Python object's memory
+//!   (tensor, NumPy/CuPy array, `bytes`, `bytearray`, raw tuple, DLPack) in a
+//!   `MemoryBuffer` that keeps the object alive inside the Rust descriptor;
+//! - `connector::PyConnector`: a core `Connector` over NIXL or
+//!   the process-wide loopback fabric;
+//! - `operation::PyOperation`: the core's operations, handing
+//!   the memory back to the Python descriptors once no transfer can touch it;
+//! - `notifier::Notifier`: completion into asyncio through an
+//!   eventfd the event loop watches, woken by the library's own wakers.
+//!
+//! Every blocking call and transfer runs with the GIL released; no lock of
+//! this crate is held while Python runs or while the GIL is awaited.
+
+mod connector;
+mod descriptor;
+mod error;
+mod memory;
+mod metadata;
+mod notifier;
+mod operation;
+
+use pyo3::prelude::*;
+
+/// `nixl_connect._native`.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<connector::PyConnector>()?;
+    m.add_class::<descriptor::PyDescriptor>()?;
+    m.add_class::<metadata::PyMetadata>()?;
+    m.add_class::<operation::PyOperation>()?;
+    m.add_class::<notifier::Notifier>()?;
+    m.add("BACKENDS", connector::BACKENDS.to_vec())?;
+    m.add("TYPE_ERROR_MESSAGE", memory::TYPE_ERROR_MESSAGE)?;
+    Ok(())
+}

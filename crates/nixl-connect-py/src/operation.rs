@@ -1,0 +1,319 @@
+//! The native operation: one of the core's four operations, the Python
+//! descriptors it borrowed, and the hand-back of their memory when it ends.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use descriptor_core::{
+    Completion, Descriptor, Error, OperationStatus, RdmaMetadata, ReadOperation, ReadableOperation,
+    WritableOperation, WriteOperation,
+};
+use pyo3::exceptions::{PyRuntimeError, PyTimeoutError};
+use pyo3::prelude::*;
+
+use crate::descriptor::PyDescriptor;
+use crate::error::to_py;
+use crate::metadata::PyMetadata;
+
+/// Longest stretch a blocking `wait` spends without the GIL before it checks
+/// for signals (Ctrl-C), so a blocked thread can still be interrupted.
+const SIGNAL_CHECK: Duration = Duration::from_millis(50);
+
+/// One of the four operations of the core.
+pub(crate) enum AnyOp {
+    Readable(ReadableOperation),
+    Writable(WritableOperation),
+    Read(ReadOperation),
+    Write(WriteOperation),
+}
+
+macro_rules! each {
+    ($value:expr, $op:ident => $body:expr) => {
+        match $value {
+            AnyOp::Readable($op) => $body,
+            AnyOp::Writable($op) => $body,
+            AnyOp::Read($op) => $body,
+            AnyOp::Write($op) => $body,
+        }
+    };
+}
+
+impl AnyOp {
+    pub(crate) fn status(&self) -> OperationStatus {
+        each!(self, op => op.status())
+    }
+
+    pub(crate) fn wait_timeout(&self, timeout: Duration) -> descriptor_core::Result<()> {
+        each!(self, op => op.wait_timeout(timeout))
+    }
+
+    pub(crate) fn cancel(&self) {
+        each!(self, op => op.cancel())
+    }
+
+    pub(crate) fn completion(&self) -> Completion<'_> {
+        each!(self, op => op.completion())
+    }
+
+    fn metadata(&self) -> Option<&RdmaMetadata> {
+        match self {
+            AnyOp::Readable(op) => Some(op.metadata()),
+            AnyOp::Writable(op) => Some(op.metadata()),
+            AnyOp::Read(_) | AnyOp::Write(_) => None,
+        }
+    }
+
+    #[allow(clippy::result_large_err)]
+    fn into_descriptors(self) -> Result<Vec<Descriptor>, AnyOp> {
+        match self {
+            AnyOp::Readable(op) => op.into_descriptors().map_err(AnyOp::Readable),
+            AnyOp::Writable(op) => op.into_descriptors().map_err(AnyOp::Writable),
+            AnyOp::Read(op) => op.into_descriptors().map_err(AnyOp::Read),
+            AnyOp::Write(op) => op.into_descriptors().map_err(AnyOp::Write),
+        }
+    }
+}
+
+/// How an ended operation ended, for Python.
+enum Ended {
+    Complete,
+    Cancelled,
+    Failed(String),
+}
+
+/// Marks that the operation was handed back (its status is then kept here).
+const NO_STATUS: u8 = u8::MAX;
+
+/// A native operation (`nixl_connect`'s four operation classes wrap it).
+#[pyclass(frozen, module = "nixl_connect._native", name = "Operation")]
+pub(crate) struct PyOperation {
+    /// The core operation, shared with pending completions (`Notifier`);
+    /// `None` once it ended and gave its descriptors back.
+    op: Mutex<Option<Arc<AnyOp>>>,
+    /// The final status once `op` is gone.
+    final_status: AtomicU8,
+    /// The Python descriptors, in order, that receive the memory back.
+    descriptors: Vec<Py<PyDescriptor>>,
+    /// A passive operation's metadata, and its JSON once asked for (encoding
+    /// compresses the agent blob, so it is done only if needed).
+    metadata: Option<Arc<RdmaMetadata>>,
+    metadata_json: OnceLock<String>,
+    error: Mutex<Option<String>>,
+}
+
+impl PyOperation {
+    pub(crate) fn new(op: AnyOp, descriptors: Vec<Py<PyDescriptor>>) -> PyOperation {
+        let metadata = op.metadata().map(|m| Arc::new(m.clone()));
+        PyOperation {
+            op: Mutex::new(Some(Arc::new(op))),
+            final_status: AtomicU8::new(NO_STATUS),
+            descriptors,
+            metadata,
+            metadata_json: OnceLock::new(),
+            error: Mutex::new(None),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<Arc<AnyOp>>> {
+        // Only ever `take`/`replace`d: a poisoned lock still holds a valid value.
+        self.op.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The core operation, while it has not been handed back.
+    pub(crate) fn shared(&self) -> Option<Arc<AnyOp>> {
+        self.lock().clone()
+    }
+
+    /// How the operation ended, without blocking; `None` while it has not
+    /// settled (outcome decided and the backend asked to let go).
+    fn ended(&self) -> Option<Ended> {
+        let op = self.shared();
+        let Some(op) = op else {
+            let error = self
+                .error
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
+            return Some(match self.final_status.load(Ordering::Acquire) {
+                s if s == OperationStatus::Complete as u8 => Ended::Complete,
+                s if s == OperationStatus::Errored as u8 => {
+                    Ended::Failed(error.unwrap_or_default())
+                }
+                _ => Ended::Cancelled,
+            });
+        };
+        match op.wait_timeout(Duration::ZERO) {
+            Ok(()) => Some(Ended::Complete),
+            Err(Error::Cancelled) => Some(Ended::Cancelled),
+            Err(Error::TransferFailed(reason)) => Some(Ended::Failed(reason)),
+            Err(_) => None,
+        }
+    }
+
+    /// Hands the memory back to the Python descriptors once the operation
+    /// ended and the backend let go of it. Does nothing while a pending
+    /// completion still shares the operation (its waiter reclaims later).
+    fn reclaim(&self) {
+        let mut slot = self.lock();
+        let Some(op) = slot.take() else {
+            return;
+        };
+        let status = op.status();
+        if !status.is_terminal() {
+            *slot = Some(op);
+            return;
+        }
+        let op = match Arc::try_unwrap(op) {
+            Ok(op) => op,
+            Err(shared) => {
+                *slot = Some(shared);
+                return;
+            }
+        };
+        if let Err(Error::TransferFailed(reason)) = op.wait_timeout(Duration::ZERO) {
+            *self.error.lock().unwrap_or_else(PoisonError::into_inner) = Some(reason);
+        }
+        match op.into_descriptors() {
+            Ok(descriptors) => {
+                self.final_status.store(status as u8, Ordering::Release);
+                *slot = None;
+                drop(slot);
+                for (python, descriptor) in self.descriptors.iter().zip(descriptors) {
+                    python.get().give_back(descriptor);
+                }
+            }
+            // The backend still holds the memory (a draining transfer, or a
+            // cancelled NIXL passive operation, which never gives it back).
+            Err(op) => *slot = Some(Arc::new(op)),
+        }
+    }
+
+    fn outcome(&self, ended: Ended) -> PyResult<u8> {
+        self.reclaim();
+        match ended {
+            Ended::Complete => Ok(OperationStatus::Complete as u8),
+            Ended::Cancelled => Ok(OperationStatus::Cancelled as u8),
+            Ended::Failed(reason) => Err(PyRuntimeError::new_err(format!(
+                "NIXL transfer operation ERRORED: {reason}. The remote agent may have disconnected or its memory may be invalid."
+            ))),
+        }
+    }
+}
+
+impl Drop for PyOperation {
+    fn drop(&mut self) {
+        // As dropping a Rust operation: an unfinished one is cancelled. Its
+        // memory goes back to the Python descriptors (still registered) if
+        // the backend already let go of it; otherwise the core frees it once
+        // the backend does (or leaks it if a peer may still write), and the
+        // Python descriptor describes the memory afresh on its next use.
+        if let Some(op) = self.shared() {
+            op.cancel();
+        }
+        self.reclaim();
+    }
+}
+
+#[pymethods]
+impl PyOperation {
+    /// The status, as `OperationStatus`'s integer; never blocks.
+    fn status(&self) -> u8 {
+        match self.shared() {
+            Some(op) => op.status() as u8,
+            None => self.final_status.load(Ordering::Acquire),
+        }
+    }
+
+    /// Cancels the operation unless it already ended.
+    fn cancel(&self, py: Python<'_>) {
+        if let Some(op) = self.shared() {
+            py.detach(|| op.cancel());
+        }
+        self.reclaim();
+    }
+
+    /// Whether the operation settled (a wait would return at once).
+    fn settled(&self) -> bool {
+        self.ended().is_some()
+    }
+
+    /// Ends a wait that saw the operation settle: gives the memory back and
+    /// returns the final status, or raises `RuntimeError` if it failed.
+    /// Returns `None` if the operation has not settled.
+    fn finish(&self) -> PyResult<Option<u8>> {
+        match self.ended() {
+            Some(ended) => self.outcome(ended).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Blocks (without the GIL) until the operation ends or `timeout`
+    /// seconds pass (`TimeoutError`; the operation goes on). Returns the
+    /// final status; raises `RuntimeError` if the transfer failed.
+    #[pyo3(signature = (timeout=None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<u8> {
+        let deadline = match timeout {
+            Some(t) if !(t >= 0.0 && t.is_finite()) => {
+                return Err(pyo3::exceptions::PyValueError::new_err(
+                    "timeout must be a non-negative number of seconds",
+                ));
+            }
+            Some(t) => Instant::now().checked_add(Duration::from_secs_f64(t)),
+            None => None,
+        };
+        loop {
+            if let Some(ended) = self.ended() {
+                return self.outcome(ended);
+            }
+            let Some(op) = self.shared() else {
+                continue;
+            };
+            let chunk = match deadline {
+                Some(deadline) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(PyTimeoutError::new_err(format!(
+                            "operation did not finish within {} s",
+                            timeout.unwrap_or_default()
+                        )));
+                    }
+                    left.min(SIGNAL_CHECK)
+                }
+                None => SIGNAL_CHECK,
+            };
+            match py.detach(|| op.wait_timeout(chunk)) {
+                Ok(()) | Err(Error::Cancelled) | Err(Error::TransferFailed(_)) => {}
+                Err(Error::TimedOut(_)) => py.check_signals()?,
+                Err(e) => return Err(to_py(e)),
+            }
+        }
+    }
+
+    /// Tries to hand the memory back now (after the operation ended).
+    fn reclaim_now(&self) {
+        self.reclaim();
+    }
+
+    /// Whether the operation has handed its memory back.
+    #[getter]
+    fn reclaimed(&self) -> bool {
+        self.lock().is_none()
+    }
+
+    /// A passive operation's metadata, as Dynamo's JSON.
+    fn metadata_json(&self) -> Option<&str> {
+        let metadata = self.metadata.as_ref()?;
+        Some(self.metadata_json.get_or_init(|| metadata.to_json()))
+    }
+
+    /// A passive operation's metadata, parsed (for `begin_*` in this process).
+    fn metadata(&self) -> Option<PyMetadata> {
+        self.metadata.clone().map(PyMetadata::from_arc)
+    }
+
+    /// Number of descriptors.
+    fn __len__(&self) -> usize {
+        self.descriptors.len()
+    }
+}

@@ -1,0 +1,192 @@
+"""Dynamo's public API surface: names, enum values, models, validators, errors."""
+
+import json
+
+import numpy as np
+import pytest
+
+import nixl_connect as nc
+from conftest import run
+
+
+def test_enum_values_and_strings_match_dynamo():
+    assert [(m.name, int(m)) for m in nc.OperationStatus] == [
+        ("UNINITIALIZED", 0), ("INITIALIZED", 1), ("IN_PROGRESS", 2),
+        ("COMPLETE", 3), ("CANCELLED", 4), ("ERRORED", 5),
+    ]
+    assert [str(s) for s in nc.OperationStatus][1:] == ["INIT", "PROC", "DONE", "STOP", "ERR"]
+    assert [(m.name, int(m)) for m in nc.OperationKind] == [("UNSPECIFIED", 0), ("READ", 1), ("WRITE", 2)]
+    assert (str(nc.OperationKind.READ), str(nc.OperationKind.WRITE)) == ("READ", "WRITE")
+    assert (int(nc.DeviceKind.HOST), int(nc.DeviceKind.CUDA), int(nc.DeviceKind.XPU)) == (1, 2, 3)
+    assert (nc.DeviceKind.HOST.nixl_mem_type, nc.DeviceKind.CUDA.nixl_mem_type) == ("DRAM", "VRAM")
+
+
+@pytest.mark.parametrize(
+    "text, kind, ordinal, shown",
+    [("cpu", nc.DeviceKind.HOST, 0, "cpu"), ("HOST", nc.DeviceKind.HOST, 0, "cpu"),
+     ("cuda", nc.DeviceKind.CUDA, 0, "cuda:0"), (" cuda:3 ", nc.DeviceKind.CUDA, 3, "cuda:3"),
+     ("gpu:1", nc.DeviceKind.CUDA, 1, "cuda:1"), ("xpu:2", nc.DeviceKind.XPU, 2, "xpu:2")],
+)
+def test_device_parses_dynamos_strings(text, kind, ordinal, shown):
+    d = nc.Device(text)
+    assert (d.kind, d.id, str(d)) == (kind, ordinal, shown)
+    assert nc.Device((kind, ordinal)) == d
+
+
+@pytest.mark.parametrize("bad", ["tpu", "cuda:x", "", "cuda:-1"])
+def test_bad_device_strings_are_value_errors(bad):
+    with pytest.raises(ValueError):
+        nc.Device(bad)
+
+
+def test_device_of_the_wrong_type_is_a_type_error():
+    with pytest.raises(TypeError):
+        nc.Device(3)
+    with pytest.raises(ValueError):
+        nc.Device(None)
+
+
+def test_connector_properties():
+    c = nc.Connector("worker-7", backend="loopback")
+    assert (c.name, str(c)) == ("worker-7", "worker-7")
+    assert c.hostname and "worker-7" in repr(c)
+    assert c.is_cuda_available is False
+    assert c == nc.Connector("worker-7", backend="loopback")
+    assert c != nc.Connector("worker-8", backend="loopback")
+    assert len(nc.Connector(backend="loopback").name) == 32  # a uuid4, hex
+    with pytest.raises(TypeError):
+        nc.Connector("")
+    with pytest.raises(ValueError):
+        nc.Connector("x", backend="carrier-pigeon")
+
+
+def test_serialized_descriptor_validators_match_dynamo():
+    s = nc.SerializedDescriptor(device=" CUDA:1 ", ptr=4096, size=64)
+    assert s.device == "cuda:1"
+    for bad in ({"device": "tpu", "ptr": 1, "size": 1}, {"device": "cpu", "ptr": 0, "size": 1},
+                {"device": "cpu", "ptr": 1, "size": -1}, {"device": "cpu", "ptr": 1, "size": 1, "x": 1}):
+        with pytest.raises(ValueError):
+            nc.SerializedDescriptor(**bad)
+    with pytest.raises(Exception):
+        s.ptr = 5  # frozen
+
+
+def test_rdma_metadata_model_round_trips_dynamos_json():
+    wire = json.dumps({
+        "descriptors": [{"device": "cpu", "ptr": 140230000000000, "size": 4096}],
+        "nixl_metadata": "b64:eJxLTE/NK9FNyslPAgAVQgPc",
+        "notification_key": "4bd9c5f2-0c36-4a1b-9b5e-6f1a1c3e7d10",
+        "operation_kind": 1,
+    }, separators=(",", ":"))
+    m = nc.RdmaMetadata.model_validate_json(wire)
+    assert m.model_dump_json() == wire
+    assert isinstance(m.to_descriptors(), nc.Descriptor)
+    assert m.to_descriptors().size == 4096
+    with pytest.raises(TypeError):  # Dynamo's validator raises TypeError itself
+        nc.RdmaMetadata.model_validate_json(wire.replace('"operation_kind":1', '"operation_kind":7'))
+    with pytest.raises(ValueError):
+        nc.RdmaMetadata(descriptors=[]).to_descriptors()
+
+
+def test_descriptor_properties_and_metadata():
+    a = np.arange(16, dtype=np.float32)
+    d = nc.Descriptor((a, "cpu"))
+    assert (d.ptr, d.size, str(d.device)) == (a.__array_interface__["data"][0], 64, "cpu")
+    assert d.metadata == nc.SerializedDescriptor(device="cpu", ptr=d.ptr, size=64)
+    assert nc.Descriptor.from_serialized(d.metadata).size == 64
+    assert not d.is_registered
+    assert f"size=64" in repr(d)
+
+
+def test_register_memory_is_idempotent_and_refuses_a_second_connector():
+    a = nc.Connector("reg-a", backend="loopback")
+    b = nc.Connector("reg-b", backend="loopback")
+    d = nc.Descriptor(bytearray(256))
+    d.register_memory(a)
+    assert d.is_registered
+    d.register_memory(a)
+    d.register_with_connector(a)
+    with pytest.raises(RuntimeError):
+        d.register_memory(b)
+    d.deregister_with_connector(a)
+    assert not d.is_registered
+    d.register_with_connector(b)
+    assert d.is_registered
+    with pytest.raises(TypeError):
+        d.register_memory("not a connector")
+
+
+@pytest.mark.parametrize(
+    "data, error",
+    [(None, ValueError), (42, TypeError), ("text", TypeError), ([1, 2], TypeError),
+     ((1,), TypeError), ((np.zeros(4), 5), TypeError), ((0, 64, "cpu", None), ValueError),
+     ((4096, -1, "cpu"), ValueError), ((4096, 64, "tpu:0"), ValueError), ((4096, 64, 3.5), TypeError),
+     ((np.zeros(4), "cuda:0"), ValueError), (b"", ValueError),
+     (np.zeros((4, 4))[:, 1], ValueError)],
+    ids=["none", "int", "str", "list", "1-tuple", "array-bad-device", "null-ptr", "negative-size",
+         "bad-device", "device-type", "host-array-as-cuda", "empty-bytes", "strided-array"],
+)
+def test_bad_descriptor_input_raises_dynamos_exceptions(data, error):
+    with pytest.raises(error):
+        nc.Descriptor(data)
+
+
+def test_bad_operation_input_raises_dynamos_exceptions():
+    passive = nc.Connector("bad-p", backend="loopback")
+    active = nc.Connector("bad-a", backend="loopback")
+
+    async def go():
+        with pytest.raises(TypeError):
+            await passive.create_readable("nope")
+        with pytest.raises(TypeError):
+            await passive.create_readable([nc.Descriptor(b"x"), "nope"])
+        with pytest.raises(ValueError, match="empty"):
+            await passive.create_writable([])
+        readable = await passive.create_readable([nc.Descriptor(b"a" * 64), nc.Descriptor(b"b" * 64)])
+        writable = await passive.create_writable(nc.Descriptor(bytearray(64)))
+        with pytest.raises(TypeError):
+            await active.begin_read(readable.metadata().model_dump_json(), nc.Descriptor(bytearray(64)))
+        with pytest.raises(TypeError):
+            await active.begin_read(None, nc.Descriptor(bytearray(64)))
+        with pytest.raises(RuntimeError):  # a writable's metadata given to begin_read
+            await active.begin_read(writable.metadata(), nc.Descriptor(bytearray(64)))
+        with pytest.raises(RuntimeError):
+            await active.begin_write(nc.Descriptor(b"z" * 64), readable.metadata())
+        with pytest.raises(ValueError):  # two remote descriptors, one local
+            await active.begin_read(readable.metadata(), nc.Descriptor(bytearray(64)))
+        with pytest.raises(ValueError):  # sizes differ
+            await active.begin_read(readable.metadata(), [nc.Descriptor(bytearray(64)), nc.Descriptor(bytearray(65))])
+        with pytest.raises(ValueError, match="read-only"):  # bytes cannot receive a READ
+            await active.begin_read(readable.metadata(), [nc.Descriptor(b"r" * 64), nc.Descriptor(bytearray(64))])
+        with pytest.raises(ValueError, match="read-only"):  # nor be exposed as writable
+            await passive.create_writable(nc.Descriptor(b"w" * 64))
+        ro = np.zeros(64, dtype=np.uint8)
+        ro.flags.writeable = False
+        with pytest.raises(ValueError, match="read-only"):
+            await passive.create_writable(nc.Descriptor((ro, "cpu")))
+        # After every refusal the real transfer still works, descriptors intact.
+        target = [bytearray(64), bytearray(64)]
+        read = await active.begin_read(readable.metadata(), [nc.Descriptor(t) for t in target])
+        await read.wait_for_completion()
+        await readable.wait_for_completion()
+        writable.cancel()
+        return target
+
+    target = run(go())
+    assert [bytes(t) for t in target] == [b"a" * 64, b"b" * 64]
+
+
+def test_forged_metadata_is_refused(pair):
+    passive, active = pair
+
+    async def go():
+        readable = await passive.create_readable(nc.Descriptor(b"s" * 4096))
+        md = readable.metadata()
+        forged = md.model_copy(update={"nixl_metadata": "b64:AAAA"})
+        with pytest.raises(ValueError):
+            await active.begin_read(forged, nc.Descriptor(bytearray(4096)))
+        read = await active.begin_read(md, nc.Descriptor(bytearray(4096)))
+        await read.wait_for_completion()
+        await readable.wait_for_completion()
+
+    run(go())

@@ -1,0 +1,115 @@
+"""Interop with the real Dynamo module (`dynamo.nixl_connect` 1.6.1), in
+separate processes over NIXL, both directions and both kinds, byte-checked.
+
+Both sides run the same worker script (peers/worker.py); only its import line
+differs (PEER_IMPL=dynamo imports `dynamo.nixl_connect`). Dynamo's module needs
+`torch`: its peers get a stand-in with an empty `Tensor` class on PYTHONPATH
+(NIXL_CONNECT_TORCH_STUB), ours never see it.
+"""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import NIXL_REQUIRED, require_backend
+
+WORKER = Path(__file__).parent / "peers" / "worker.py"
+TIMEOUT_S = 60
+DYNAMO_SRC = os.environ.get("NIXL_CONNECT_DYNAMO_SRC")
+TORCH_STUB = os.environ.get("NIXL_CONNECT_TORCH_STUB")
+
+sys.path.insert(0, str(WORKER.parent))
+from worker import MARK, SIZES, pattern  # noqa: E402
+
+
+def need_dynamo():
+    require_backend("nixl")
+    if not (DYNAMO_SRC and TORCH_STUB):
+        message = "NIXL_CONNECT_DYNAMO_SRC / NIXL_CONNECT_TORCH_STUB not set (cargo xtask test sets them)"
+        if NIXL_REQUIRED:
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def spawn(impl: str, role: str, seed: int) -> subprocess.Popen:
+    env = dict(os.environ)
+    env.pop("NIXL_CONNECT_BACKEND", None)
+    env["PEER_IMPL"] = impl
+    if impl == "dynamo":
+        env["PYTHONPATH"] = os.pathsep.join([DYNAMO_SRC, TORCH_STUB])
+    else:
+        env.pop("PYTHONPATH", None)
+    return subprocess.Popen(
+        [sys.executable, str(WORKER), role, str(seed)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def expected(seed: int) -> list:
+    return [hashlib.sha256(pattern(seed, i, n).tobytes()).hexdigest() for i, n in enumerate(SIZES)]
+
+
+def zeros() -> list:
+    return [hashlib.sha256(np.zeros(n, dtype=np.uint8).tobytes()).hexdigest() for n in SIZES]
+
+
+def exchange(passive_impl: str, passive_role: str, active_impl: str, active_role: str, seed: int):
+    passive = spawn(passive_impl, passive_role, seed)
+    active = spawn(active_impl, active_role, seed)
+    try:
+        line = ""
+        for line in passive.stdout:
+            if line.startswith(MARK):
+                break
+        assert line.startswith(MARK), f"passive peer ({passive_impl}) said nothing: {passive.stderr.read()[-4000:]}"
+        active.stdin.write(line)
+        active.stdin.flush()
+        a_out, a_err = active.communicate(timeout=TIMEOUT_S)
+        p_out, p_err = passive.communicate(timeout=TIMEOUT_S)
+    finally:
+        for p in (passive, active):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert active.returncode == 0, f"{active_impl} {active_role} failed:\n{a_err[-4000:]}"
+    assert passive.returncode == 0, f"{passive_impl} {passive_role} failed:\n{p_err[-4000:]}"
+    return last_message(p_out), last_message(a_out)
+
+
+def last_message(out: str) -> dict:
+    lines = [line for line in out.splitlines() if line.startswith(MARK)]
+    assert lines, f"no result in {out[-2000:]!r}"
+    return json.loads(lines[-1][len(MARK):])
+
+
+IMPLS = [("dynamo", "ours"), ("ours", "dynamo"), ("ours", "ours"), ("dynamo", "dynamo")]
+
+
+@pytest.mark.parametrize("passive_impl, active_impl", IMPLS, ids=[f"{p}-readable-{a}-reads" for p, a in IMPLS])
+def test_a_readable_is_read_across_processes(passive_impl, active_impl):
+    need_dynamo()
+    seed = 21
+    passive, active = exchange(passive_impl, "readable", active_impl, "read", seed)
+    assert active["sha256"] == expected(seed), "the reader received the readable's bytes"
+    assert passive["sha256"] == expected(seed)
+    assert active["status"] == "DONE" and passive["status"] == "DONE"
+
+
+@pytest.mark.parametrize("passive_impl, active_impl", IMPLS, ids=[f"{p}-writable-{a}-writes" for p, a in IMPLS])
+def test_a_writable_is_written_across_processes(passive_impl, active_impl):
+    need_dynamo()
+    seed = 34
+    passive, active = exchange(passive_impl, "writable", active_impl, "write", seed)
+    assert passive["sha256"] == expected(seed), "the writable holds the writer's bytes"
+    assert passive["sha256"] != zeros()
+    assert active["status"] == "DONE" and passive["status"] == "DONE"

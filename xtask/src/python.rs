@@ -1,0 +1,283 @@
+//! The Python package `nixl_connect` (crates/nixl-connect-py): a virtualenv
+//! with what its tests need, the package installed into it the way a user
+//! installs it, pytest, and the Python benchmark (`bench --python`).
+//!
+//! Everything is installed by these functions, once (a stamp file records
+//! what the virtualenv holds; a change recreates it), offline afterwards
+//! except for the package build itself:
+//! - `target/py-venv`: maturin, pytest, pydantic, numpy, `nixl-cu12` (the NIXL
+//!   runtime, from the wheel `cargo xtask nixl-runtime` downloaded, without
+//!   its torch dependency) and NIXL's `nixl` meta-package (for Dynamo);
+//! - `target/py-venv/dynamo-src`: the real `dynamo/nixl_connect/__init__.py`
+//!   from `ai-dynamo-runtime` 1.6.1 (pure Python; the wheel's 200 MB native
+//!   part is not needed), and `target/py-venv/torch-stub`, a stand-in `torch`
+//!   with an empty `Tensor` class that Dynamo's module imports. Only the
+//!   Dynamo peers of the interop tests and the benchmark put these on their
+//!   `PYTHONPATH`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::{describe, nixl};
+
+/// What the virtualenv holds; written to its stamp file.
+const REQUIREMENTS: &[&str] = &["maturin>=1.9,<2", "pytest>=8", "pydantic>=2.10.6,<=2.13.5"];
+const NUMPY: &str = "numpy==2.2.6";
+const NIXL_META: &str = "nixl==1.5.1";
+const DYNAMO: &str = "ai-dynamo-runtime==1.6.1";
+/// The one file of the Dynamo wheel the tests use.
+const DYNAMO_MODULE: &str = "dynamo/nixl_connect/__init__.py";
+const PACKAGE_DIR: &str = "crates/nixl-connect-py";
+/// Cargo's target folder for the package build (kept apart from the
+/// workspace's, which builds other features and profiles).
+const BUILD_DIR: &str = "target/py";
+
+/// A ready virtualenv and the paths the tests need.
+pub(crate) struct Venv {
+    /// The virtualenv folder.
+    pub(crate) root: PathBuf,
+    /// Its interpreter.
+    pub(crate) python: PathBuf,
+    /// Holds `dynamo/nixl_connect/__init__.py`.
+    pub(crate) dynamo_src: PathBuf,
+    /// Holds the stand-in `torch` package.
+    pub(crate) torch_stub: PathBuf,
+}
+
+fn paths(root: &Path) -> Venv {
+    let venv = root.join("target/py-venv");
+    Venv {
+        python: venv.join("bin/python"),
+        dynamo_src: venv.join("dynamo-src"),
+        torch_stub: venv.join("torch-stub"),
+        root: venv,
+    }
+}
+
+fn run_quiet(cmd: &mut Command) -> Result<(), String> {
+    eprintln!("$ {}", describe(cmd));
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", describe(cmd)))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} failed ({}):\n{}{}",
+            describe(cmd),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+fn stamp_text() -> String {
+    let mut lines: Vec<&str> = REQUIREMENTS.to_vec();
+    lines.extend([NUMPY, nixl::WHEEL, NIXL_META, DYNAMO, "torch-stub 1"]);
+    lines.join("\n") + "\n"
+}
+
+/// The test virtualenv, created and filled once (`target/py-venv`).
+pub(crate) fn ensure_venv(root: &Path) -> Result<Venv, String> {
+    let venv = paths(root);
+    let stamp = venv.root.join(".complete");
+    let wanted = stamp_text();
+    if std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
+        return Ok(venv);
+    }
+    let runtime = nixl::ensure_runtime(root)?;
+    let wheels = runtime
+        .root
+        .parent()
+        .map(|p| p.join("wheels"))
+        .ok_or("the NIXL runtime folder has no parent")?;
+    let downloads = root.join("target/py-downloads");
+    std::fs::create_dir_all(&downloads)
+        .map_err(|e| format!("create {}: {e}", downloads.display()))?;
+    let _ = std::fs::remove_dir_all(&venv.root);
+    run_quiet(Command::new("python3").args(["-m", "venv"]).arg(&venv.root))?;
+    let pip = |args: &[&str]| {
+        let mut cmd = Command::new(&venv.python);
+        cmd.args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+        ])
+        .args(args);
+        cmd
+    };
+    run_quiet(&mut pip(REQUIREMENTS))?;
+    // numpy and the NIXL runtime from the wheels already downloaded; the
+    // runtime without its declared torch dependency (not needed for DRAM).
+    let wheels_arg = wheels.display().to_string();
+    run_quiet(&mut pip(&[
+        "--no-index",
+        "--find-links",
+        &wheels_arg,
+        NUMPY,
+    ]))?;
+    run_quiet(&mut pip(&[
+        "--no-deps",
+        "--no-index",
+        "--find-links",
+        &wheels_arg,
+        nixl::WHEEL,
+    ]))?;
+    // NIXL's meta-package (`import nixl`, which Dynamo uses) and Dynamo's
+    // wheel, downloaded once.
+    let downloads_arg = downloads.display().to_string();
+    for package in [NIXL_META, DYNAMO] {
+        run_quiet(
+            Command::new(&venv.python)
+                .args(["-m", "pip", "download", "--quiet", "--no-deps", "-d"])
+                .arg(&downloads)
+                .arg(package),
+        )?;
+    }
+    run_quiet(&mut pip(&[
+        "--no-deps",
+        "--no-index",
+        "--find-links",
+        &downloads_arg,
+        NIXL_META,
+    ]))?;
+    let extract = "import glob, sys, zipfile\n\
+         wheel = sorted(glob.glob(sys.argv[1] + '/ai_dynamo_runtime-1.6.1-*.whl'))[-1]\n\
+         with zipfile.ZipFile(wheel) as z:\n    \
+             z.extract(sys.argv[3], sys.argv[2])\n";
+    run_quiet(
+        Command::new(&venv.python)
+            .args(["-c", extract])
+            .arg(&downloads)
+            .arg(&venv.dynamo_src)
+            .arg(DYNAMO_MODULE),
+    )?;
+    let torch = venv.torch_stub.join("torch");
+    std::fs::create_dir_all(&torch).map_err(|e| format!("create {}: {e}", torch.display()))?;
+    std::fs::write(
+        torch.join("__init__.py"),
+        "\"\"\"Stand-in for torch in nixl_connect's test environment only: Dynamo's\n\
+         nixl_connect imports torch unconditionally; its NumPy paths need only this.\"\"\"\n\n\n\
+         class Tensor:\n    pass\n",
+    )
+    .map_err(|e| format!("write the torch stand-in: {e}"))?;
+    std::fs::write(&stamp, wanted).map_err(|e| format!("write {}: {e}", stamp.display()))?;
+    eprintln!(
+        "xtask: Python test environment ready in {}",
+        venv.root.display()
+    );
+    Ok(venv)
+}
+
+/// Builds and installs `nixl_connect` into the virtualenv as a user would
+/// (`pip install ./crates/nixl-connect-py`, maturin as the build backend;
+/// already in the virtualenv, so no download).
+pub(crate) fn install_package(root: &Path, venv: &Venv) -> bool {
+    let mut cmd = Command::new(&venv.python);
+    cmd.args([
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--no-build-isolation",
+        "--no-deps",
+        "--force-reinstall",
+    ])
+    .arg(root.join(PACKAGE_DIR))
+    .env("CARGO_TARGET_DIR", root.join(BUILD_DIR))
+    // maturin's PEP 517 hooks run the `maturin` executable from PATH.
+    .env("PATH", path_with(&venv.root.join("bin")));
+    crate::run(root, cmd)
+}
+
+/// `PATH` with `dir` first.
+fn path_with(dir: &Path) -> std::ffi::OsString {
+    let mut dirs = vec![dir.to_path_buf()];
+    if let Some(path) = std::env::var_os("PATH") {
+        dirs.extend(std::env::split_paths(&path));
+    }
+    std::env::join_paths(dirs).unwrap_or_else(|_| dir.as_os_str().to_owned())
+}
+
+/// The environment the tests and the benchmark run with: the Dynamo module and
+/// the torch stand-in (for Dynamo peers only), and NIXL tests required.
+fn test_env(venv: &Venv) -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "NIXL_CONNECT_DYNAMO_SRC",
+            venv.dynamo_src.display().to_string(),
+        ),
+        (
+            "NIXL_CONNECT_TORCH_STUB",
+            venv.torch_stub.display().to_string(),
+        ),
+        ("NIXL_TESTS_REQUIRED", "1".to_owned()),
+    ]
+}
+
+/// Runs the package's pytest suite (`crates/nixl-connect-py/tests`).
+pub(crate) fn pytest(root: &Path, venv: &Venv) -> bool {
+    let mut cmd = Command::new(&venv.python);
+    cmd.args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+        .arg(root.join(PACKAGE_DIR).join("tests"))
+        .envs(test_env(venv))
+        .env_remove("VIRTUAL_ENV")
+        .env_remove("NIXL_RUNTIME_DIR")
+        .env_remove("NIXL_CAPI_LIB");
+    crate::run(root, cmd)
+}
+
+/// The `cargo xtask test` step: virtualenv, `pip install`, pytest.
+pub(crate) fn test(root: &Path) -> bool {
+    match ensure_venv(root) {
+        Ok(venv) => install_package(root, &venv) && pytest(root, &venv),
+        Err(e) => {
+            eprintln!("xtask test (python): {e}");
+            false
+        }
+    }
+}
+
+/// Whether the Python environment exists (the full bench then runs the
+/// Python rows too).
+pub(crate) fn venv_exists(root: &Path) -> bool {
+    paths(root).root.join(".complete").is_file()
+}
+
+/// `cargo xtask bench --python`: round trips through `nixl_connect` (NIXL)
+/// and the real Dynamo module, interleaved; rows merged into
+/// `target/bench/report.json` (`py-nixl-connect`, `py-dynamo`).
+pub(crate) fn bench(root: &Path, quick: bool) -> Result<(), u8> {
+    let venv = ensure_venv(root).map_err(|e| {
+        eprintln!("xtask bench --python: {e}");
+        1
+    })?;
+    if !install_package(root, &venv) {
+        return Err(1);
+    }
+    let out = root.join("target/bench");
+    std::fs::create_dir_all(&out).map_err(|e| {
+        eprintln!("xtask bench --python: create {}: {e}", out.display());
+        1
+    })?;
+    let mut cmd = Command::new(&venv.python);
+    cmd.arg(root.join(PACKAGE_DIR).join("bench/bench.py"))
+        .arg("--report")
+        .arg(out.join("report.json"))
+        .envs(test_env(&venv))
+        .env_remove("VIRTUAL_ENV")
+        .env_remove("NIXL_RUNTIME_DIR")
+        .env_remove("NIXL_CAPI_LIB");
+    if quick {
+        cmd.arg("--quick");
+    }
+    if crate::run(root, cmd) {
+        Ok(())
+    } else {
+        Err(1)
+    }
+}
