@@ -2,18 +2,20 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use descriptor_core::{
-    Device, DeviceKind, Error, Exposure, ExposureId, Notification, OperationKind, RegionId,
-    RegistrationBackend, Result, Segment, TransferId, TransferOp, TransferRequest, TransferState,
+    Device, DeviceKind, Error, EventHook, Exposure, ExposureId, Notification, OperationKind,
+    RegionId, RegistrationBackend, Result, Segment, TransferId, TransferOp, TransferRequest,
+    TransferState,
 };
 use nixl_sys::{
-    Agent, AgentConfig, MemType, MemoryRegion, NixlDescriptor, NixlError, NotificationMap, OptArgs,
-    RegDescList, RegistrationHandle, ThreadSync, XferDescList, XferOp, XferRequest, XferStatus,
+    Agent, AgentConfig, MemType, MemoryRegion, NixlDescriptor, NixlError, OptArgs, RegDescList,
+    RegistrationHandle, ThreadSync, XferDescList, XferOp,
 };
 
+use crate::progress::{Live, Transfer, lock};
 use crate::runtime;
 
 const NAME: &str = "nixl";
@@ -70,19 +72,22 @@ impl NixlBackendBuilder {
         self
     }
 
-    /// Whether NIXL runs its own progress thread (default: no). Without it,
-    /// transfers and notifications progress when the connector's engine polls,
-    /// which it does only while work is in flight, so an idle agent costs no CPU.
-    /// NIXL's thread spins unless given a [delay](Self::progress_thread_delay):
-    /// with 0 delay, two agents kept both cores of a 2-core machine busy and made
-    /// 4 KiB transfers 40x slower.
+    /// Whether NIXL runs its own progress thread (default: yes, with a
+    /// [delay](Self::progress_thread_delay)). With a delay it is event-driven:
+    /// it sleeps on UCX's event fd and wakes on traffic, so the agent serves
+    /// peers (the target of a transfer must progress for it to complete) even
+    /// when it has nothing in flight itself, at a fraction of a percent of a
+    /// core. Without it, the agent progresses only while this backend's
+    /// watcher polls, that is while it has a transfer in flight or a passive
+    /// operation waiting.
     pub fn progress_thread(mut self, enabled: bool) -> Self {
         self.progress_thread = enabled;
         self
     }
 
-    /// How long NIXL's progress thread, if enabled, sleeps between rounds
-    /// (default 100 µs; NIXL's own default, 0, spins and keeps a core busy).
+    /// The longest NIXL's progress thread, if enabled, sleeps waiting for
+    /// traffic (default 10 ms; it wakes at once on traffic). NIXL's own
+    /// default, 0, spins and keeps a core busy per agent.
     pub fn progress_thread_delay(mut self, delay: Duration) -> Self {
         self.progress_delay = delay;
         self
@@ -144,12 +149,12 @@ impl NixlBackendBuilder {
         }
         tracing::debug!(agent = %self.name, ?plugins, scope = ?self.scope, "created NIXL agent");
         Ok(NixlBackend {
-            agent,
+            live: Arc::new(Live::new(agent)),
+            watcher: Mutex::new(None),
             name: self.name,
             scope: self.scope,
             next_id: AtomicU64::new(1),
             regions: Mutex::new(HashMap::new()),
-            transfers: Mutex::new(HashMap::new()),
             connections: Mutex::new(HashMap::new()),
             connection_md: Mutex::new(None),
         })
@@ -167,12 +172,14 @@ impl NixlBackendBuilder {
 /// [`revocation_enforced`](RegistrationBackend::revocation_enforced) is false: the
 /// connector leaks, rather than frees, memory a peer may still touch.
 pub struct NixlBackend {
-    agent: Agent,
+    /// The agent, its transfers and what its watcher thread shares.
+    live: Arc<Live>,
+    /// The watcher thread, once the connector installed its event hook.
+    watcher: Mutex<Option<std::thread::JoinHandle<()>>>,
     name: String,
     scope: MetadataScope,
     next_id: AtomicU64,
     regions: Mutex<HashMap<u64, Region>>,
-    transfers: Mutex<HashMap<u64, Transfer>>,
     /// Connection blobs already loaded (scoped metadata), to the peer they name.
     connections: Mutex<HashMap<Vec<u8>, String>>,
     /// This agent's connection-only metadata, made once.
@@ -193,13 +200,6 @@ struct Region {
     writable: bool,
     // Dropping the handle deregisters the memory.
     _handle: RegistrationHandle,
-}
-
-struct Transfer {
-    request: XferRequest,
-    finished: Option<TransferState>,
-    /// Why the post itself failed, reported once NIXL says the request is idle.
-    post_error: Option<String>,
 }
 
 /// A registered range as nixl-sys wants to see it.
@@ -227,10 +227,6 @@ impl NixlDescriptor for Range {
     fn device_id(&self) -> u64 {
         self.device
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn nixl_error(context: impl Into<String>, error: NixlError) -> Error {
@@ -268,8 +264,8 @@ fn xfer_list(segments: &[Segment]) -> Result<XferDescList<'static>> {
 }
 
 impl NixlBackend {
-    /// An agent named `name` with the defaults: UCX, no NIXL progress thread
-    /// (the connector's engine drives progress), strict thread sync, full agent
+    /// An agent named `name` with the defaults: UCX, NIXL's progress thread
+    /// with a 10 ms delay (event-driven), strict thread sync, full agent
     /// metadata.
     pub fn new(name: &str) -> Result<NixlBackend> {
         NixlBackend::builder(name).build()
@@ -281,8 +277,8 @@ impl NixlBackend {
             name: name.to_owned(),
             plugins: None,
             params: Vec::new(),
-            progress_thread: false,
-            progress_delay: Duration::from_micros(100),
+            progress_thread: true,
+            progress_delay: Duration::from_millis(10),
             thread_sync: ThreadSync::Strict,
             scope: MetadataScope::Agent,
             log_level: None,
@@ -301,6 +297,7 @@ impl NixlBackend {
         let empty =
             RegDescList::new(MemType::Dram).map_err(|e| nixl_error("create a region list", e))?;
         let md = self
+            .live
             .agent
             .get_local_partial_md(&empty, None)
             .map_err(|e| nixl_error("get connection metadata", e))?;
@@ -315,6 +312,7 @@ impl NixlBackend {
             list.add_desc(s.addr, s.len, mem_of(s.device)?.1);
         }
         let regions = self
+            .live
             .agent
             .get_local_partial_md(&list, None)
             .map_err(|e| nixl_error("get partial metadata", e))?;
@@ -329,7 +327,7 @@ impl NixlBackend {
     }
 
     fn load(&self, blob: &[u8], what: &str) -> Result<String> {
-        self.agent.load_remote_md(blob).map_err(|e| {
+        self.live.agent.load_remote_md(blob).map_err(|e| {
             let context = match nixl_agent_name(blob) {
                 // NIXL refuses new connection info for a name it has loaded.
                 Some(peer) => format!(
@@ -384,7 +382,7 @@ impl RegistrationBackend for NixlBackend {
             mem,
             device,
         };
-        let handle = self.agent.register_memory(&range, None).map_err(|e| {
+        let handle = self.live.agent.register_memory(&range, None).map_err(|e| {
             nixl_error(
                 format!("register {} bytes of {}", region.len, region.device),
                 e,
@@ -433,12 +431,15 @@ impl RegistrationBackend for NixlBackend {
         };
         let agent_metadata = match self.scope {
             MetadataScope::Agent => self
+                .live
                 .agent
                 .get_local_md()
                 .map_err(|e| nixl_error("get agent metadata", e))?,
             MetadataScope::Exposed if segments.is_empty() => self.connection_md()?,
             MetadataScope::Exposed => self.scoped_md(&segments)?,
         };
+        // A peer may notify from now on: the watcher looks for notifications.
+        self.live.kick(1);
         Ok(Exposure {
             id: ExposureId(self.id()),
             agent_metadata,
@@ -446,7 +447,9 @@ impl RegistrationBackend for NixlBackend {
     }
 
     fn revoke(&self, _exposure: ExposureId) -> Result<()> {
-        // NIXL has no per-peer revocation; see `revocation_enforced`.
+        // NIXL has no per-peer revocation (see `revocation_enforced`); the
+        // watcher stops expecting this exposure's notification.
+        self.live.kick(-1);
         Ok(())
     }
 
@@ -489,7 +492,8 @@ impl RegistrationBackend for NixlBackend {
 
     fn unload_remote(&self, peer: &str) -> Result<()> {
         lock(&self.connections).retain(|_, name| name != peer);
-        self.agent
+        self.live
+            .agent
             .invalidate_remote_md(peer)
             .map_err(|e| nixl_error(format!("unload peer {peer:?}"), e))
     }
@@ -513,6 +517,7 @@ impl RegistrationBackend for NixlBackend {
             .and_then(|()| args.set_has_notification(true))
             .map_err(|e| nixl_error(context(), e))?;
         let xfer = self
+            .live
             .agent
             .create_xfer_req(op, &local, &remote, request.peer, Some(&args))
             .map_err(|e| match e {
@@ -528,7 +533,7 @@ impl RegistrationBackend for NixlBackend {
         // A failed post may have started some of its work (a peer dying mid-copy
         // fails it halfway), so the request is kept like a running one: it is
         // reported failed, and released only once NIXL says it is not running.
-        let (finished, post_error) = match self.agent.post_xfer_req(&xfer, None) {
+        let (finished, post_error) = match self.live.agent.post_xfer_req(&xfer, None) {
             Ok(true) => (None, None),
             Ok(false) => (Some(TransferState::Done), None),
             Err(e) => (
@@ -537,89 +542,106 @@ impl RegistrationBackend for NixlBackend {
             ),
         };
         let id = self.id();
-        lock(&self.transfers).insert(
+        let running = finished.is_none();
+        lock(&self.live.transfers).insert(
             id,
             Transfer {
                 request: xfer,
+                assisted: None,
                 finished,
                 post_error,
             },
         );
+        if running {
+            self.live.kick(0);
+        }
         Ok(TransferId(id))
     }
 
     fn poll(&self, transfer: TransferId) -> TransferState {
-        let mut transfers = lock(&self.transfers);
+        let mut transfers = lock(&self.live.transfers);
         let Some(t) = transfers.get_mut(&transfer.0) else {
             return TransferState::Failed(format!("unknown transfer {}", transfer.0));
         };
-        if let Some(state) = &t.finished {
-            return state.clone();
+        // A waiting thread polls (`wait_assist`): the watcher leaves the
+        // transfer to it. (The connector's hook polls too, on the watcher.)
+        if !crate::progress::on_watcher() {
+            t.assisted = Some(std::time::Instant::now());
         }
-        let state = match (self.agent.get_xfer_status(&t.request), &t.post_error) {
-            (Ok(XferStatus::InProgress), _) => return TransferState::InProgress,
-            (_, Some(post_error)) => TransferState::Failed(post_error.clone()),
-            (Ok(XferStatus::Success), None) => TransferState::Done,
-            (Err(e), None) => TransferState::Failed(format!("NIXL reported {e} ({e:?})")),
-        };
-        t.finished = Some(state.clone());
-        state
+        t.check(&self.live.agent)
+            .unwrap_or(TransferState::InProgress)
+    }
+
+    fn wait_assist(&self) -> Duration {
+        crate::progress::WAIT_ASSIST
     }
 
     fn release(&self, transfer: TransferId) -> Result<bool> {
-        let mut transfers = lock(&self.transfers);
+        let mut transfers = lock(&self.live.transfers);
         let Some(t) = transfers.get_mut(&transfer.0) else {
             return Ok(true);
         };
-        if t.finished.is_none() {
-            match self.agent.get_xfer_status(&t.request) {
-                // nixl-sys can abort only by dropping the request, and then NIXL
-                // does not say whether the abort took. So a cancelled transfer is
-                // left to finish (or fail) and released then: bounded, and sound.
-                Ok(XferStatus::InProgress) => return Ok(false),
-                Ok(XferStatus::Success) => t.finished = Some(TransferState::Done),
-                Err(e) => t.finished = Some(TransferState::Failed(e.to_string())),
-            }
+        // nixl-sys can abort only by dropping the request, and then NIXL does
+        // not say whether the abort took. So a cancelled transfer is left to
+        // finish (or fail) and released then: bounded, and sound. The watcher
+        // signals when it ends, and the connector asks again.
+        if t.check(&self.live.agent).is_none() {
+            return Ok(false);
         }
         transfers.remove(&transfer.0);
         Ok(true)
     }
 
     fn drain_notifications(&self, sink: &mut dyn FnMut(Notification)) -> Result<()> {
-        let mut map =
-            NotificationMap::new().map_err(|e| nixl_error("create a notification map", e))?;
-        self.agent
-            .get_notifications(&mut map, None)
-            .map_err(|e| nixl_error("get notifications", e))?;
-        let senders: Vec<String> = map
-            .agents()
-            .filter_map(|a| a.ok().map(str::to_owned))
-            .collect();
-        for from in senders {
-            let count = map
-                .get_notifications_size(&from)
-                .map_err(|e| nixl_error(format!("count notifications from {from:?}"), e))?;
-            for i in 0..count {
-                let payload = map
-                    .get_notification_bytes(&from, i)
-                    .map_err(|e| nixl_error(format!("read a notification from {from:?}"), e))?;
-                sink(Notification {
-                    from: from.clone(),
-                    payload,
-                    // NIXL does not say which memory the transfer reached.
-                    exposures: Vec::new(),
-                });
+        // With a watcher, it collects them (and signals); without one, ask now.
+        if !self.live.has_hook() {
+            self.live
+                .collect_notifications()
+                .map_err(|e| nixl_error("get notifications", e))?;
+        }
+        self.live.take_inbox().into_iter().for_each(sink);
+        Ok(())
+    }
+
+    fn set_event_hook(&self, hook: EventHook) -> bool {
+        if !self.live.set_hook(hook) {
+            return false;
+        }
+        let live = Arc::clone(&self.live);
+        let spawned = std::thread::Builder::new()
+            .name(format!("nixl-watch-{}", self.name))
+            .spawn(move || live.watch());
+        match spawned {
+            Ok(handle) => {
+                *lock(&self.watcher) = Some(handle);
+                true
+            }
+            Err(error) => {
+                // The connector then polls on its own, more slowly.
+                tracing::error!(%error, agent = %self.name, "cannot start the NIXL watcher thread");
+                false
             }
         }
-        Ok(())
     }
 }
 
 impl Drop for NixlBackend {
     fn drop(&mut self) {
-        // Requests before registrations, both before the agent (nixl-sys keeps the
-        // native agent alive until its last handle is gone).
-        lock(&self.transfers).clear();
+        // The watcher first (it calls into the agent), then requests before
+        // registrations, all before the agent (nixl-sys keeps the native agent
+        // alive until its last handle is gone).
+        self.live.stop();
+        let watcher = lock(&self.watcher).take();
+        // The last reference to the backend may go in the watcher itself (its
+        // hook ran the connector's last operation to its end): then it stops
+        // on its own, once this returns, and drops the agent last.
+        if let Some(watcher) = watcher
+            && watcher.thread().id() != std::thread::current().id()
+            && watcher.join().is_err()
+        {
+            tracing::error!(agent = %self.name, "the NIXL watcher thread panicked");
+        }
+        lock(&self.live.transfers).clear();
         lock(&self.regions).clear();
     }
 }

@@ -30,6 +30,7 @@
 //! write: a passive operation dropped before its peer finished leaks its buffers.
 
 mod backend;
+mod progress;
 pub mod runtime;
 
 pub use backend::{MetadataScope, NixlBackend, NixlBackendBuilder};

@@ -253,6 +253,15 @@ pub trait RegistrationBackend: Send + Sync + 'static {
     /// Takes every notification received since the last call.
     fn drain_notifications(&self, sink: &mut dyn FnMut(Notification)) -> Result<()>;
 
+    /// How long a thread blocked waiting for an active operation should poll
+    /// its transfer itself ([`poll`](Self::poll)) before it sleeps until the
+    /// event hook wakes it (default: not at all). A backend whose completions
+    /// are found by polling anyway (NIXL) saves the waiter a wake-up this way;
+    /// the number is the backend's transport policy, measured on it.
+    fn wait_assist(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
+
     /// Installs the hook an event-driven backend calls on every completion and
     /// notification, and returns true; a backend that must be polled returns false.
     fn set_event_hook(&self, hook: EventHook) -> bool {

@@ -1,12 +1,13 @@
-//! The progress engine: one thread per connector that polls in-flight transfers,
-//! drains notifications and wakes waiters.
+//! The progress engine: one thread per connector that finishes operations
+//! when the backend reports events, and wakes waiters.
 //!
-//! It sleeps on a condition variable whenever nothing is in flight, so an idle
-//! connector burns no CPU. With an event-driven backend (one whose
-//! [`set_event_hook`](crate::RegistrationBackend::set_event_hook) returns true) it
-//! also sleeps while work is in flight, until the backend signals an event. With a
-//! polled backend it polls with exponential back-off: a tight loop would steal the
-//! CPU the transport's own progress thread needs.
+//! The core has one path: event-driven. A backend signals its
+//! [`EventHook`](crate::EventHook) whenever a transfer ends or a notification
+//! arrives, and how it learns that (NIXL: its own progress watcher) is the
+//! backend's business. The engine sleeps on a condition variable until an event
+//! or new work arrives, so an idle connector burns no CPU; while work is in
+//! flight it also looks on its own now and then, in case an event was lost. A
+//! backend that cannot signal is polled at a fixed, modest interval.
 
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -15,21 +16,16 @@ use std::thread;
 use std::time::Duration;
 
 use crate::backend::{ExposureId, Notification, RegistrationBackend};
-use crate::error::Result;
 use crate::operation::state::{OpShared, Outcome};
 
 /// How long dropping the last connector waits for its engine thread.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
-/// Longest sleep between polls of a polled backend: at ~1 us a poll, in-flight
-/// work then costs about 1% of a core, and a completion is seen at most this late
-/// (a waiting thread polls on its own, see `OpShared::wait`).
-const MAX_BACKOFF: Duration = Duration::from_micros(200);
-/// First back-off when only notifications (or helped transfers) are awaited.
-const MIN_NOTIFY_BACKOFF_US: u64 = 64;
-/// Polls of a polled backend before the engine starts sleeping.
-const SPIN_POLLS: u32 = 16;
-/// An event-driven backend is still polled this often, in case an event was lost.
+/// While work is in flight, an event-driven backend is still polled this
+/// often, in case an event was lost.
 const EVENT_SAFETY_POLL: Duration = Duration::from_millis(100);
+/// How often a backend that cannot signal events is polled while work is in
+/// flight.
+const POLL_INTERVAL: Duration = Duration::from_millis(1);
 
 pub(crate) struct Engine {
     backend: Arc<dyn RegistrationBackend>,
@@ -86,42 +82,19 @@ impl Engine {
         }
     }
 
-    /// Blocks on `op` until it is settled or `timeout` passes. With a polled
-    /// backend the waiting thread first polls itself, for a short while: its
-    /// transfer if `op` is active, the connector's notifications if passive.
-    pub(crate) fn wait(
-        &self,
-        op: &OpShared,
-        passive: bool,
-        timeout: Option<Duration>,
-    ) -> Result<()> {
-        if self.event_driven {
-            op.wait(timeout, None)
-        } else if passive {
-            op.wait(
-                timeout,
-                Some(&|| {
-                    self.drain_notifications();
-                }),
-            )
-        } else {
-            op.wait(
-                timeout,
-                Some(&|| {
-                    op.drive();
-                }),
-            )
-        }
-    }
-
     /// Follows an active operation's transfer until it ends.
     pub(crate) fn track_active(self: &Arc<Self>, op: Arc<OpShared>) {
         let mut work = self.lock();
         work.active.push(op);
-        work.events = true;
         self.ensure_running(&mut work);
-        drop(work);
-        self.wake.notify_one();
+        // An event-driven backend signals the transfer's end itself (the
+        // engine looks on its own only every `EVENT_SAFETY_POLL`); a polled
+        // one needs the engine awake to poll it.
+        if !self.event_driven {
+            work.events = true;
+            drop(work);
+            self.wake.notify_one();
+        }
     }
 
     /// Completes a passive operation when a notification carrying `key`
@@ -196,7 +169,11 @@ impl Engine {
         tracing::debug!(agent = %self.name, event_driven = self.event_driven, "progress engine started");
         // Should the thread ever die, the next operation starts a new one.
         let _restartable = Restartable(&self);
-        let mut idle_polls = 0u32;
+        let interval = if self.event_driven {
+            EVENT_SAFETY_POLL
+        } else {
+            POLL_INTERVAL
+        };
         let mut active = Vec::new();
         loop {
             {
@@ -212,36 +189,20 @@ impl Engine {
                     }
                     let busy =
                         !work.active.is_empty() || (!work.passive.is_empty() && !work.shutdown);
-                    if !busy {
-                        idle_polls = 0;
+                    if !busy && !self.event_driven {
                         work = self.wake.wait(work).unwrap_or_else(PoisonError::into_inner);
-                    } else if self.event_driven {
-                        let (w, timeout) = self
-                            .wake
-                            .wait_timeout(work, EVENT_SAFETY_POLL)
-                            .unwrap_or_else(PoisonError::into_inner);
-                        work = w;
-                        if timeout.timed_out() {
-                            break;
-                        }
-                    } else {
-                        // Spin only for transfers nobody else polls; notifications
-                        // (and helped transfers) can wait for a back-off that
-                        // starts longer, so the engine does not fight the threads
-                        // doing the work for the CPU.
-                        let unhelped = work.active.iter().any(|op| op.needs_engine());
-                        if unhelped && idle_polls < SPIN_POLLS {
-                            break;
-                        }
-                        let floor = if unhelped { 1 } else { MIN_NOTIFY_BACKOFF_US };
-                        let step = idle_polls.saturating_sub(SPIN_POLLS).min(10);
-                        let backoff = Duration::from_micros(floor << step).min(MAX_BACKOFF);
-                        idle_polls = idle_polls.max(SPIN_POLLS);
-                        work = self
-                            .wake
-                            .wait_timeout(work, backoff)
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .0;
+                        continue;
+                    }
+                    // Event-driven: work may arrive without a wake-up (see
+                    // `track_active`), so idle waits time out too, rarely.
+                    let (w, timeout) = self
+                        .wake
+                        .wait_timeout(work, interval)
+                        .unwrap_or_else(PoisonError::into_inner);
+                    work = w;
+                    let busy =
+                        !work.active.is_empty() || (!work.passive.is_empty() && !work.shutdown);
+                    if timeout.timed_out() && busy {
                         break;
                     }
                 }
@@ -249,22 +210,10 @@ impl Engine {
             }
             // A panic here is a backend bug: the operation it hit leaks its
             // memory (see `OpShared::settle`); the engine goes on serving the rest.
-            let progressed = match catch_unwind(AssertUnwindSafe(|| self.pass(&active))) {
-                Ok(progressed) => progressed,
-                Err(_) => {
-                    tracing::error!(agent = %self.name, "a backend call panicked in the progress engine; it goes on");
-                    true
-                }
-            };
-            active.clear();
-            idle_polls = if progressed {
-                0
-            } else {
-                idle_polls.saturating_add(1)
-            };
-            if !self.event_driven && idle_polls < SPIN_POLLS && idle_polls > 0 {
-                thread::yield_now();
+            if catch_unwind(AssertUnwindSafe(|| self.pass(&active))).is_err() {
+                tracing::error!(agent = %self.name, "a backend call panicked in the progress engine; it goes on");
             }
+            active.clear();
         }
     }
 
@@ -275,15 +224,10 @@ impl Engine {
         finished || notified
     }
 
-    /// Polls active transfers nobody else is polling; true if any finished.
+    /// Polls the active transfers; true if any finished.
     fn poll_active(&self, active: &[Arc<OpShared>]) -> bool {
         let mut finished = Vec::new();
         for op in active {
-            // A thread blocked in `wait` polls its operation itself (polled
-            // backends only: with an event-driven one, nobody waiting polls).
-            if !self.event_driven && !op.needs_engine() {
-                continue;
-            }
             // A panicking poll leaves the transfer tracked: polled again later.
             if contain(&self.name, || op.drive()).unwrap_or(false) {
                 finished.push(Arc::as_ptr(op));

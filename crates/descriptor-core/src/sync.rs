@@ -5,15 +5,15 @@
 //! module).
 
 #[cfg(all(loom, test))]
-pub(crate) use loom::sync::atomic::AtomicBool;
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicUsize};
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicU8, Ordering};
 #[cfg(loom)]
 pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard};
 
 #[cfg(all(not(loom), test))]
-pub(crate) use std::sync::atomic::AtomicBool;
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicUsize};
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+pub(crate) use std::sync::atomic::{AtomicU8, Ordering};
 #[cfg(not(loom))]
 pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};

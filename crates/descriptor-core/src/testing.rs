@@ -66,6 +66,11 @@ pub(crate) struct Scripted {
     pub(crate) live_transfers: AtomicUsize,
     /// Calls to `poll`, `release` and `revoke`.
     calls: AtomicUsize,
+    /// `poll` answers `InProgress` this many more times before the scripted
+    /// answer (a transfer that takes a few polls).
+    pub(crate) polls_before_done: AtomicUsize,
+    /// What `wait_assist` answers.
+    pub(crate) assist: Mutex<std::time::Duration>,
 }
 
 impl Scripted {
@@ -84,6 +89,8 @@ impl Scripted {
             next: AtomicU64::new(1),
             live_transfers: AtomicUsize::new(0),
             calls: AtomicUsize::new(0),
+            polls_before_done: AtomicUsize::new(0),
+            assist: Mutex::new(std::time::Duration::ZERO),
         }
     }
 
@@ -227,6 +234,11 @@ impl RegistrationBackend for Scripted {
         if self.poll_panics.load(Ordering::SeqCst) {
             panic!("scripted: poll panicked");
         }
+        let pending = self.polls_before_done.load(Ordering::SeqCst);
+        if pending > 0 {
+            self.polls_before_done.store(pending - 1, Ordering::SeqCst);
+            return TransferState::InProgress;
+        }
         self.poll.lock().unwrap().clone()
     }
 
@@ -262,6 +274,10 @@ impl RegistrationBackend for Scripted {
         }
         arrived.into_iter().for_each(sink);
         Ok(())
+    }
+
+    fn wait_assist(&self) -> std::time::Duration {
+        *self.assist.lock().unwrap()
     }
 
     fn set_event_hook(&self, hook: EventHook) -> bool {

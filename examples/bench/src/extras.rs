@@ -11,6 +11,7 @@ use nixl_sys::{Agent, AgentConfig};
 use crate::movers::{Buf, Res, fill};
 
 /// Named measurements, in the order printed.
+#[derive(Default)]
 pub(crate) struct Extras {
     pub(crate) items: Vec<(String, f64, &'static str)>,
 }
@@ -236,60 +237,14 @@ pub(crate) fn measure(quick: bool) -> Res<Extras> {
         drop(handles);
     }
 
-    // Metadata: size and encode+decode, Dynamo's full-agent encoding vs scoped,
-    // from an agent that also holds 1,000 unrelated registrations.
-    for scope in [MetadataScope::Agent, MetadataScope::Exposed] {
-        let connector = Connector::new(
-            NixlBackend::builder(&format!("md-{scope:?}"))
-                .metadata_scope(scope)
-                .build()
-                .map_err(e)?,
-        );
-        let mut others: Vec<Descriptor> = bufs
-            .iter()
-            .map(|b| Descriptor::new(b.clone()))
-            .collect::<Result<_, _>>()
-            .map_err(e)?;
-        for d in &mut others {
-            d.register_memory(&connector).map_err(e)?;
-        }
-        for count in [1usize, 64] {
-            let descs: Vec<Descriptor> = (0..count)
-                .map(|_| Descriptor::new(vec![1u8; 4096]))
-                .collect::<Result<_, _>>()
-                .map_err(e)?;
-            let readable = connector.create_readable(descs).map_err(e)?;
-            let reps = 50;
-            let started = Instant::now();
-            let mut json = String::new();
-            for _ in 0..reps {
-                json = readable.metadata().to_json();
-                let parsed: RdmaMetadata = json.parse().map_err(e)?;
-                std::hint::black_box(parsed);
-            }
-            let label = match scope {
-                MetadataScope::Agent => "Dynamo encoding (full agent metadata)",
-                MetadataScope::Exposed => "scoped metadata",
-            };
-            x.add(
-                format!("nixl {label}, {count} descriptors: JSON size"),
-                json.len() as f64,
-                "B",
-            );
-            x.add(
-                format!("nixl {label}, {count} descriptors: encode+decode"),
-                started.elapsed().as_secs_f64() * 1e6 / reps as f64,
-                "us",
-            );
-            readable.cancel();
-        }
-    }
-
-    // Idle CPU: connectors that did work, then sit idle for a second.
-    for (name, pair) in [
-        ("loopback", loopback_pair("idle")?),
-        ("nixl", nixl_pair("idle")?),
-    ] {
+    // Idle CPU: connectors that did work, then sit idle for a second (one
+    // pair at a time: the other is made only after).
+    for name in ["loopback", "nixl"] {
+        let pair = if name == "loopback" {
+            loopback_pair("idle")?
+        } else {
+            nixl_pair("idle")?
+        };
         let mut rt = RoundTrip::new(pair, 4096)?;
         rt.fast()?;
         std::thread::sleep(Duration::from_millis(200));
@@ -338,5 +293,56 @@ pub(crate) fn measure(quick: bool) -> Res<Extras> {
             "MiB",
         );
     }
+    // Metadata: size and encode+decode, Dynamo's full-agent encoding vs scoped,
+    // from an agent that also holds 1,000 unrelated registrations. Last: the
+    // readables are cancelled, which on NIXL leaks them and keeps their agents
+    // (and NIXL's progress threads) alive, so nothing idle is measured after.
+    for scope in [MetadataScope::Agent, MetadataScope::Exposed] {
+        let connector = Connector::new(
+            NixlBackend::builder(&format!("md-{scope:?}"))
+                .metadata_scope(scope)
+                .build()
+                .map_err(e)?,
+        );
+        let mut others: Vec<Descriptor> = bufs
+            .iter()
+            .map(|b| Descriptor::new(b.clone()))
+            .collect::<Result<_, _>>()
+            .map_err(e)?;
+        for d in &mut others {
+            d.register_memory(&connector).map_err(e)?;
+        }
+        for count in [1usize, 64] {
+            let descs: Vec<Descriptor> = (0..count)
+                .map(|_| Descriptor::new(vec![1u8; 4096]))
+                .collect::<Result<_, _>>()
+                .map_err(e)?;
+            let readable = connector.create_readable(descs).map_err(e)?;
+            let reps = 50;
+            let started = Instant::now();
+            let mut json = String::new();
+            for _ in 0..reps {
+                json = readable.metadata().to_json();
+                let parsed: RdmaMetadata = json.parse().map_err(e)?;
+                std::hint::black_box(parsed);
+            }
+            let label = match scope {
+                MetadataScope::Agent => "Dynamo encoding (full agent metadata)",
+                MetadataScope::Exposed => "scoped metadata",
+            };
+            x.add(
+                format!("nixl {label}, {count} descriptors: JSON size"),
+                json.len() as f64,
+                "B",
+            );
+            x.add(
+                format!("nixl {label}, {count} descriptors: encode+decode"),
+                started.elapsed().as_secs_f64() * 1e6 / reps as f64,
+                "us",
+            );
+            readable.cancel();
+        }
+    }
+
     Ok(x)
 }

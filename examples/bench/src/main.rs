@@ -7,6 +7,7 @@
 mod extras;
 mod movers;
 mod report;
+mod xproc;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -21,21 +22,40 @@ const MIB: usize = 1 << 20;
 struct Config {
     quick: bool,
     out: PathBuf,
+    /// Run as the passive side of the cross-process rows (`api` or `raw`).
+    peer: Option<String>,
+    /// Only these (block bytes, blocks), and no extras (`--sizes 4096x1,65536x16`).
+    only: Option<Vec<(usize, usize)>>,
 }
 
 fn parse() -> Res<Config> {
     let mut config = Config {
         quick: false,
         out: PathBuf::from("target/bench"),
+        peer: None,
+        only: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--quick" => config.quick = true,
             "--out" => config.out = args.next().ok_or("--out needs a folder")?.into(),
+            "--peer" => config.peer = Some(args.next().ok_or("--peer needs api or raw")?),
+            "--sizes" => {
+                let list = args.next().ok_or("--sizes needs BYTESxCOUNT[,...]")?;
+                let parsed = list
+                    .split(',')
+                    .map(|s| {
+                        let (b, n) = s.split_once('x')?;
+                        Some((b.parse().ok()?, n.parse().ok()?))
+                    })
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| format!("--sizes: not BYTESxCOUNT[,...]: {list:?}"))?;
+                config.only = Some(parsed);
+            }
             other => {
                 return Err(format!(
-                    "unknown option {other:?}; usage: bench [--quick] [--out DIR]"
+                    "unknown option {other:?}; usage: bench [--quick] [--out DIR] [--sizes BYTESxCOUNT,...]"
                 ));
             }
         }
@@ -73,9 +93,14 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[i]
 }
 
-fn bandwidth(movers: &mut [Box<dyn Mover>], quick: bool) -> Res<Vec<Row>> {
+fn bandwidth(
+    movers: &mut [Box<dyn Mover>],
+    quick: bool,
+    only: Option<&[(usize, usize)]>,
+) -> Res<Vec<Row>> {
     let mut rows = Vec::new();
-    for (block, blocks) in sizes(quick) {
+    let sizes = only.map_or_else(|| sizes(quick), <[_]>::to_vec);
+    for (block, blocks) in sizes {
         for op in [Op::Read, Op::Write] {
             for m in movers.iter_mut() {
                 m.prepare(op, block, blocks)?;
@@ -122,15 +147,24 @@ fn bandwidth(movers: &mut [Box<dyn Mover>], quick: bool) -> Res<Vec<Row>> {
 }
 
 fn run(config: &Config) -> Res<()> {
+    if let Some(kind) = &config.peer {
+        return xproc::serve(kind);
+    }
     let mut movers: Vec<Box<dyn Mover>> = vec![
         Box::new(Memcpy::default()),
         Box::new(Api::loopback()?),
         Box::new(Api::nixl()?),
         Box::new(RawNixl::new()?),
+        Box::new(xproc::XprocApi::new()?),
+        Box::new(xproc::XprocRaw::new()?),
     ];
-    let rows = bandwidth(&mut movers, config.quick)?;
+    let rows = bandwidth(&mut movers, config.quick, config.only.as_deref())?;
     drop(movers);
-    let extras = extras::measure(config.quick)?;
+    let extras = if config.only.is_some() {
+        extras::Extras::default()
+    } else {
+        extras::measure(config.quick)?
+    };
     report::print(&rows, &extras);
     std::fs::create_dir_all(&config.out).map_err(|e| format!("{}: {e}", config.out.display()))?;
     let json = config.out.join("report.json");

@@ -41,7 +41,7 @@ pub(crate) trait Mover {
 
 pub(crate) use descriptor_core::conformance::pattern as fill;
 
-fn blocks(fill_seed: Option<u64>, block: usize, blocks: usize) -> Vec<Vec<u8>> {
+pub(crate) fn blocks(fill_seed: Option<u64>, block: usize, blocks: usize) -> Vec<Vec<u8>> {
     (0..blocks)
         .map(|i| match fill_seed {
             Some(seed) => fill(seed + i as u64, block),
@@ -51,7 +51,7 @@ fn blocks(fill_seed: Option<u64>, block: usize, blocks: usize) -> Vec<Vec<u8>> {
 }
 
 /// (source seed for the passive side, for the active side)
-fn seeds(op: Op) -> (Option<u64>, Option<u64>) {
+pub(crate) fn seeds(op: Op) -> (Option<u64>, Option<u64>) {
     match op {
         Op::Read => (Some(1), None),
         Op::Write => (None, Some(2)),

@@ -149,7 +149,7 @@ fn loom_draining_memory_is_freed_only_once_released() {
         let held = Held::new(vec![d]);
         let waiter = {
             let op = Arc::clone(&op);
-            thread::spawn(move || op.wait(None, None))
+            thread::spawn(move || op.wait(None))
         };
         let driver = {
             let op = Arc::clone(&op);
@@ -187,7 +187,7 @@ fn loom_a_returning_waiter_finds_the_peer_released() {
         let waiter = {
             let (op, remotes) = (Arc::clone(&op), Arc::clone(&remotes));
             thread::spawn(move || {
-                let result = op.wait(None, None);
+                let result = op.wait(None);
                 (result.is_ok(), remotes.active())
             })
         };
@@ -226,7 +226,7 @@ fn loom_waiters_and_futures_with_changing_wakers_are_woken() {
             let op = active(&backend);
             let waiter = {
                 let op = Arc::clone(&op);
-                thread::spawn(move || op.wait(None, None))
+                thread::spawn(move || op.wait(None))
             };
             let wakers = [
                 Arc::new(Counting(StdAtomicUsize::new(0))),
@@ -286,7 +286,7 @@ fn loom_a_panic_in_release_leaks_and_wakes() {
         let held = Held::new(vec![d]);
         let waiter = {
             let op = Arc::clone(&op);
-            thread::spawn(move || op.wait(None, None))
+            thread::spawn(move || op.wait(None))
         };
         let cancelled = catch_unwind(AssertUnwindSafe(|| op.finish(Outcome::Cancelled)));
         assert!(cancelled.is_err());

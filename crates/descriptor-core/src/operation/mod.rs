@@ -65,9 +65,7 @@ impl OperationCore {
     }
 
     fn wait(&self, timeout: Option<Duration>) -> Result<()> {
-        self.connector
-            .engine()
-            .wait(&self.shared, self.passive_key.is_some(), timeout)
+        self.shared.wait(timeout)
     }
 
     fn into_descriptors(mut self) -> Result<Vec<Descriptor>, OperationCore> {

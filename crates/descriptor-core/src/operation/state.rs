@@ -34,7 +34,7 @@ use super::held::Held;
 use crate::backend::{ExposureId, RegistrationBackend, TransferId, TransferState};
 use crate::error::{Error, Result};
 use crate::remote::RemoteLease;
-use crate::sync::{AtomicU8, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering};
+use crate::sync::{AtomicU8, Condvar, Mutex, MutexGuard, Ordering};
 
 /// Where an operation stands. Terminal states (`Complete`, `Cancelled`,
 /// `Errored`) never change again. Numbering is Dynamo's.
@@ -75,11 +75,6 @@ impl OperationStatus {
         }
     }
 }
-
-/// How long a blocked waiter polls a polled backend before it sleeps.
-const HELP_WINDOW: Duration = Duration::from_millis(2);
-/// How long the engine leaves a new transfer to its poster before polling it.
-const ENGINE_GRACE: Duration = Duration::from_micros(50);
 
 /// How an operation ended.
 #[derive(Debug)]
@@ -204,8 +199,6 @@ pub(crate) struct OpShared {
     status: AtomicU8,
     state: Mutex<OpState>,
     settled: Condvar,
-    /// Threads polling this operation from `wait`; the engine leaves it to them.
-    helpers: AtomicUsize,
     kind: &'static str,
     bytes: usize,
     started: Instant,
@@ -234,7 +227,6 @@ impl OpShared {
                 next_slot: 0,
             }),
             settled: Condvar::new(),
-            helpers: AtomicUsize::new(0),
             kind,
             bytes,
             started: Instant::now(),
@@ -423,13 +415,6 @@ impl OpShared {
         }
     }
 
-    /// Whether the engine should poll this operation: nobody waiting is polling
-    /// it, and it is past the grace period in which its poster usually starts
-    /// waiting (polling it from two threads only makes them fight for the CPU).
-    pub(crate) fn needs_engine(&self) -> bool {
-        self.helpers.load(Ordering::Acquire) == 0 && self.started.elapsed() >= ENGINE_GRACE
-    }
-
     /// Moves an active operation on: polls its transfer (deciding and settling
     /// it when the backend reports an end), or asks again to release a draining
     /// one. True once the engine can forget the operation.
@@ -472,28 +457,17 @@ impl OpShared {
 
     /// Blocks until the operation is settled or `timeout` passes.
     ///
-    /// `help`, if given, is one round of polling the waiting thread does itself
-    /// for up to [`HELP_WINDOW`] before it sleeps (with a polled backend it
-    /// would otherwise sleep until the engine thread noticed and woke it).
-    pub(crate) fn wait(&self, timeout: Option<Duration>, help: Option<&dyn Fn()>) -> Result<()> {
+    /// An active operation's waiter first polls the transfer itself for the
+    /// backend's [`wait_assist`](RegistrationBackend::wait_assist) (yielding
+    /// between polls), then sleeps until it is woken.
+    pub(crate) fn wait(&self, timeout: Option<Duration>) -> Result<()> {
         // A timeout too large to represent is no timeout.
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
-        if let Some(help) = help {
-            let window = Instant::now() + HELP_WINDOW;
-            let until = deadline.map_or(window, |d| d.min(window));
-            self.helpers.fetch_add(1, Ordering::AcqRel);
-            let _helping = Helping(&self.helpers);
-            loop {
-                {
-                    let st = self.lock();
-                    if st.settled {
-                        return st.result();
-                    }
-                }
-                if Instant::now() >= until {
-                    break;
-                }
-                help();
+        let assist = self.backend.wait_assist();
+        if !assist.is_zero() && matches!(self.lock().pending, Pending::Transfer(_)) {
+            let until = Instant::now() + assist;
+            let until = deadline.map_or(until, |d| d.min(until));
+            while !self.drive() && Instant::now() < until {
                 std::thread::yield_now();
             }
         }
@@ -586,14 +560,5 @@ impl OpShared {
     #[cfg(test)]
     pub(crate) fn pending(&self) -> Pending {
         self.lock().pending
-    }
-}
-
-/// Counts a helping waiter for as long as it lives.
-struct Helping<'a>(&'a AtomicUsize);
-
-impl Drop for Helping<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }

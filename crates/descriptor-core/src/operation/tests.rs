@@ -373,3 +373,23 @@ fn a_waker_that_re_enters_its_operation_does_not_deadlock(#[case] action: &'stat
         again.wait_timeout(BOUND).unwrap();
     });
 }
+
+#[test]
+fn a_waiter_with_an_assist_window_completes_its_transfer_itself() {
+    // Event-driven, and the hook is never called: only the waiter's own
+    // polls (the backend's `wait_assist`) can see the transfer end.
+    let backend = Arc::new(Scripted::new(true, true));
+    *backend.assist.lock().unwrap() = BOUND;
+    let c = connector(&backend);
+    let (local, freed) = backend.tracked(64);
+    let read = c.begin_read(&remote(64), vec![local]).unwrap();
+    backend.polls_before_done.store(50, Ordering::SeqCst);
+    backend.set_poll(TransferState::Done);
+    within("the assisted wait returns", move || {
+        read.wait().unwrap();
+        assert_eq!(read.status(), OperationStatus::Complete);
+        drop(read.into_descriptors().unwrap());
+    });
+    assert_eq!(freed.load(Ordering::SeqCst), 1);
+    assert!(!backend.freed_early());
+}

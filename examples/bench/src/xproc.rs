@@ -1,0 +1,449 @@
+//! Cross-process rows: the passive side runs in a child process (this bench
+//! binary again, `--peer api|raw`), as in a real deployment, where the
+//! initiator cannot drive the target's progress.
+//!
+//! - `nixl-xproc`: our API on both sides (NIXL backend, defaults).
+//! - `nixl-sys-raw-xproc`: nixl-sys written as a user would across processes:
+//!   the target with NIXL's progress thread (10 ms delay), the metadata loaded
+//!   once, one request built per transfer with the notification attached (the
+//!   Dynamo protocol needs it), the initiator polling its status with a yield.
+//!
+//! Timed, as in-process: from the initiator's first call until it knows the
+//! transfer completed. The child's side of each round (publishing metadata,
+//! seeing the notification) is untimed, and finishes before the next round.
+//! The child speaks lines on stdin/stdout.
+
+use std::cell::RefCell;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use backend_nixl::NixlBackend;
+use descriptor_core::{Connector, Descriptor, RdmaMetadata};
+use nixl_sys::{
+    Agent, AgentConfig, MemType, NotificationMap, OptArgs, XferDescList, XferOp, XferStatus,
+};
+
+use crate::movers::{Buf, Mover, Op, Res, blocks, seeds};
+
+/// NIXL's progress-thread delay of the raw baseline, as the issue asks.
+const RAW_PROGRESS_DELAY: Duration = Duration::from_millis(10);
+
+/// CRC-32 of the buffers, in order.
+fn crc<'a>(bufs: impl Iterator<Item = &'a [u8]>) -> u32 {
+    let mut crc = flate2::Crc::new();
+    for b in bufs {
+        crc.update(b);
+    }
+    crc.sum()
+}
+
+fn op_of(word: &str) -> Res<Op> {
+    match word {
+        "read" => Ok(Op::Read),
+        "write" => Ok(Op::Write),
+        other => Err(format!("unknown op {other:?}")),
+    }
+}
+
+/// The child process, from the parent's side.
+struct Peer {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Peer {
+    fn spawn(kind: &str) -> Res<Peer> {
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let mut child = Command::new(exe)
+            .args(["--peer", kind])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("spawn the {kind} peer: {e}"))?;
+        let stdin = child.stdin.take().ok_or("no stdin")?;
+        let stdout = BufReader::new(child.stdout.take().ok_or("no stdout")?);
+        Ok(Peer {
+            child,
+            stdin,
+            stdout,
+        })
+    }
+
+    fn send(&mut self, line: &str) -> Res<()> {
+        writeln!(self.stdin, "{line}")
+            .and_then(|()| self.stdin.flush())
+            .map_err(|e| format!("to the peer: {e}"))
+    }
+
+    fn line(&mut self) -> Res<String> {
+        let mut line = String::new();
+        match self.stdout.read_line(&mut line) {
+            Ok(0) => Err("the peer exited".into()),
+            Ok(_) => Ok(line.trim_end().to_owned()),
+            Err(e) => Err(format!("from the peer: {e}")),
+        }
+    }
+
+    fn ask(&mut self, line: &str) -> Res<String> {
+        self.send(line)?;
+        self.line()
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.send("quit");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `nixl-xproc`: our API, the passive side in a child process.
+pub(crate) struct XprocApi {
+    peer: RefCell<Peer>,
+    active: Connector,
+    descs: Vec<Descriptor>,
+}
+
+impl XprocApi {
+    pub(crate) fn new() -> Res<XprocApi> {
+        let active = NixlBackend::new(&format!("xproc-active-{}", std::process::id()))
+            .map(Connector::new)
+            .map_err(|e| e.to_string())?;
+        Ok(XprocApi {
+            peer: RefCell::new(Peer::spawn("api")?),
+            active,
+            descs: Vec::new(),
+        })
+    }
+}
+
+impl Mover for XprocApi {
+    fn name(&self) -> &'static str {
+        "nixl-xproc"
+    }
+
+    fn prepare(&mut self, op: Op, block: usize, n: usize) -> Res<()> {
+        let reply = self
+            .peer
+            .get_mut()
+            .ask(&format!("prepare {} {block} {n}", op.name()))?;
+        if reply != "ready" {
+            return Err(format!("peer: {reply}"));
+        }
+        let (_, a) = seeds(op);
+        self.descs = blocks(a, block, n)
+            .into_iter()
+            .map(|b| {
+                let mut d = Descriptor::new(b).map_err(|e| e.to_string())?;
+                d.register_memory(&self.active).map_err(|e| e.to_string())?;
+                Ok(d)
+            })
+            .collect::<Res<_>>()?;
+        Ok(())
+    }
+
+    fn run(&mut self, op: Op) -> Res<Duration> {
+        let e = |e: descriptor_core::Error| e.to_string();
+        let peer = self.peer.get_mut();
+        let metadata: RdmaMetadata = peer
+            .ask(&format!("expose {}", op.name()))?
+            .parse()
+            .map_err(e)?;
+        let local = std::mem::take(&mut self.descs);
+        let started = Instant::now();
+        let (elapsed, back) = match op {
+            Op::Read => {
+                let read = self.active.begin_read(&metadata, local).map_err(e)?;
+                read.wait().map_err(e)?;
+                (started.elapsed(), read.into_descriptors().ok())
+            }
+            Op::Write => {
+                let write = self.active.begin_write(local, &metadata).map_err(e)?;
+                write.wait().map_err(e)?;
+                (started.elapsed(), write.into_descriptors().ok())
+            }
+        };
+        self.descs = back.ok_or("buffers not returned")?;
+        let done = peer.line()?;
+        if done != "done" {
+            return Err(format!("peer: {done}"));
+        }
+        Ok(elapsed)
+    }
+
+    fn verify(&self, _op: Op) -> bool {
+        let mine = crc(self.descs.iter().filter_map(Descriptor::as_slice));
+        let theirs = self.peer.borrow_mut().ask("crc");
+        theirs.is_ok_and(|t| t == mine.to_string())
+    }
+}
+
+fn raw_agent(name: &str) -> Res<Agent> {
+    backend_nixl::runtime::load().map_err(|e| e.to_string())?;
+    let config = AgentConfig {
+        enable_prog_thread: true,
+        pthr_delay_us: RAW_PROGRESS_DELAY.as_micros() as u64,
+        thread_sync: nixl_sys::ThreadSync::Strict,
+        ..AgentConfig::default()
+    };
+    let agent = Agent::new_configured(name, &config).map_err(|e| format!("agent: {e}"))?;
+    let (_, params) = agent
+        .get_plugin_params("UCX")
+        .map_err(|e| format!("params: {e}"))?;
+    agent
+        .create_backend("UCX", &params)
+        .map_err(|e| format!("backend: {e}"))?;
+    Ok(agent)
+}
+
+fn list(bufs: impl Iterator<Item = (usize, usize)>) -> Res<XferDescList<'static>> {
+    let mut list = XferDescList::new(MemType::Dram).map_err(|e| format!("list: {e}"))?;
+    for (addr, len) in bufs {
+        list.add_desc(addr, len, 0);
+    }
+    Ok(list)
+}
+
+/// `nixl-sys-raw-xproc`: raw nixl-sys, the target in a child process.
+pub(crate) struct XprocRaw {
+    peer: RefCell<Peer>,
+    agent: Agent,
+    remote_name: String,
+    remote: Vec<(usize, usize)>,
+    // Registrations before buffers: dropping a handle deregisters.
+    handles: Vec<nixl_sys::RegistrationHandle>,
+    bufs: Vec<Buf>,
+    sent: u64,
+}
+
+impl XprocRaw {
+    pub(crate) fn new() -> Res<XprocRaw> {
+        Ok(XprocRaw {
+            agent: raw_agent(&format!("xproc-raw-active-{}", std::process::id()))?,
+            peer: RefCell::new(Peer::spawn("raw")?),
+            remote_name: String::new(),
+            remote: Vec::new(),
+            handles: Vec::new(),
+            bufs: Vec::new(),
+            sent: 0,
+        })
+    }
+}
+
+impl Mover for XprocRaw {
+    fn name(&self) -> &'static str {
+        "nixl-sys-raw-xproc"
+    }
+
+    fn prepare(&mut self, op: Op, block: usize, n: usize) -> Res<()> {
+        self.handles.clear();
+        let reply = self
+            .peer
+            .get_mut()
+            .ask(&format!("prepare {} {block} {n}", op.name()))?;
+        let mut words = reply.split(' ');
+        let (Some("md"), Some(md), Some(addrs)) = (words.next(), words.next(), words.next()) else {
+            return Err(format!("peer: {reply}"));
+        };
+        let md = descriptor_core::decode_agent_metadata(md).map_err(|e| e.to_string())?;
+        if !self.remote_name.is_empty() {
+            let _ = self.agent.invalidate_remote_md(&self.remote_name);
+        }
+        self.remote_name = self
+            .agent
+            .load_remote_md(&md)
+            .map_err(|e| format!("load: {e}"))?;
+        self.remote = addrs
+            .split(',')
+            .map(|a| a.parse::<usize>().map(|a| (a, block)))
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("peer addresses: {e}"))?;
+        let (_, a) = seeds(op);
+        self.bufs = blocks(a, block, n).into_iter().map(Buf).collect();
+        for b in &self.bufs {
+            self.handles.push(
+                self.agent
+                    .register_memory(b, None)
+                    .map_err(|e| format!("register: {e}"))?,
+            );
+        }
+        Ok(())
+    }
+
+    fn run(&mut self, op: Op) -> Res<Duration> {
+        let nixl = |what: &'static str| move |e: nixl_sys::NixlError| format!("{what}: {e}");
+        let started = Instant::now();
+        let local = list(self.bufs.iter().map(|b| (b.0.as_ptr() as usize, b.0.len())))?;
+        let remote = list(self.remote.iter().copied())?;
+        let mut args = OptArgs::new().map_err(nixl("args"))?;
+        args.set_notification_message(b"raw-xproc")
+            .map_err(nixl("notif"))?;
+        args.set_has_notification(true).map_err(nixl("notif"))?;
+        let xop = match op {
+            Op::Read => XferOp::Read,
+            Op::Write => XferOp::Write,
+        };
+        let req = self
+            .agent
+            .create_xfer_req(xop, &local, &remote, &self.remote_name, Some(&args))
+            .map_err(nixl("create"))?;
+        if self.agent.post_xfer_req(&req, None).map_err(nixl("post"))? {
+            while self.agent.get_xfer_status(&req).map_err(nixl("status"))?
+                == XferStatus::InProgress
+            {
+                std::thread::yield_now();
+            }
+        }
+        let elapsed = started.elapsed();
+        drop(req);
+        self.sent += 1;
+        let reply = self.peer.get_mut().ask(&format!("sync {}", self.sent))?;
+        if reply != "synced" {
+            return Err(format!("peer: {reply}"));
+        }
+        Ok(elapsed)
+    }
+
+    fn verify(&self, _op: Op) -> bool {
+        let mine = crc(self.bufs.iter().map(|b| b.0.as_slice()));
+        let theirs = self.peer.borrow_mut().ask("crc");
+        theirs.is_ok_and(|t| t == mine.to_string())
+    }
+}
+
+/// The child side (`bench --peer api|raw`): serves the parent until `quit`.
+pub(crate) fn serve(kind: &str) -> Res<()> {
+    let stdin = std::io::stdin();
+    let mut out = std::io::stdout();
+    let mut say = |line: String| -> Res<()> {
+        writeln!(out, "{line}")
+            .and_then(|()| out.flush())
+            .map_err(|e| e.to_string())
+    };
+    match kind {
+        "api" => {
+            let connector = NixlBackend::new(&format!("xproc-peer-{}", std::process::id()))
+                .map(Connector::new)
+                .map_err(|e| e.to_string())?;
+            let mut descs: Vec<Descriptor> = Vec::new();
+            for line in stdin.lock().lines() {
+                let line = line.map_err(|e| e.to_string())?;
+                let words: Vec<&str> = line.split(' ').collect();
+                let e = |e: descriptor_core::Error| e.to_string();
+                match words.as_slice() {
+                    ["prepare", op, block, n] => {
+                        let (p, _) = seeds(op_of(op)?);
+                        let (block, n) = (parse(block)?, parse(n)?);
+                        descs = blocks(p, block, n)
+                            .into_iter()
+                            .map(|b| {
+                                let mut d = Descriptor::new(b).map_err(e)?;
+                                d.register_memory(&connector).map_err(e)?;
+                                Ok(d)
+                            })
+                            .collect::<Res<_>>()?;
+                        say("ready".into())?;
+                    }
+                    ["expose", op] => {
+                        let taken = std::mem::take(&mut descs);
+                        let back = match op_of(op)? {
+                            Op::Read => {
+                                let readable = connector.create_readable(taken).map_err(e)?;
+                                say(readable.metadata().to_json())?;
+                                readable.wait().map_err(e)?;
+                                readable.into_descriptors().ok()
+                            }
+                            Op::Write => {
+                                let writable = connector.create_writable(taken).map_err(e)?;
+                                say(writable.metadata().to_json())?;
+                                writable.wait().map_err(e)?;
+                                writable.into_descriptors().ok()
+                            }
+                        };
+                        descs = back.ok_or("buffers not returned")?;
+                        say("done".into())?;
+                    }
+                    ["crc"] => say(crc(descs.iter().filter_map(Descriptor::as_slice)).to_string())?,
+                    ["quit"] => return Ok(()),
+                    other => return Err(format!("unknown command {other:?}")),
+                }
+            }
+            Ok(())
+        }
+        "raw" => {
+            let agent = raw_agent(&format!("xproc-raw-peer-{}", std::process::id()))?;
+            let mut handles: Vec<nixl_sys::RegistrationHandle> = Vec::new();
+            let mut bufs: Vec<Buf> = Vec::new();
+            let mut received = 0u64;
+            for line in stdin.lock().lines() {
+                let line = line.map_err(|e| e.to_string())?;
+                let words: Vec<&str> = line.split(' ').collect();
+                match words.as_slice() {
+                    ["prepare", op, block, n] => {
+                        handles.clear();
+                        let (p, _) = seeds(op_of(op)?);
+                        bufs = blocks(p, parse(block)?, parse(n)?)
+                            .into_iter()
+                            .map(Buf)
+                            .collect();
+                        for b in &bufs {
+                            handles.push(
+                                agent
+                                    .register_memory(b, None)
+                                    .map_err(|e| format!("register: {e}"))?,
+                            );
+                        }
+                        let md = agent.get_local_md().map_err(|e| format!("md: {e}"))?;
+                        let addrs: Vec<String> = bufs
+                            .iter()
+                            .map(|b| (b.0.as_ptr() as usize).to_string())
+                            .collect();
+                        say(format!(
+                            "md {} {}",
+                            descriptor_core::encode_agent_metadata(&md),
+                            addrs.join(",")
+                        ))?;
+                    }
+                    ["sync", count] => {
+                        let count: u64 = parse(count)?;
+                        let deadline = Instant::now() + Duration::from_secs(30);
+                        while received < count {
+                            let mut map = NotificationMap::new().map_err(|e| e.to_string())?;
+                            agent
+                                .get_notifications(&mut map, None)
+                                .map_err(|e| e.to_string())?;
+                            received += map.len().map_err(|e| e.to_string())? as u64;
+                            if received < count {
+                                if Instant::now() > deadline {
+                                    return Err("no notification".into());
+                                }
+                                std::thread::sleep(Duration::from_micros(20));
+                            }
+                        }
+                        say("synced".into())?;
+                    }
+                    ["crc"] => say(crc(bufs.iter().map(|b| b.0.as_slice())).to_string())?,
+                    ["quit"] => return Ok(()),
+                    other => return Err(format!("unknown command {other:?}")),
+                }
+            }
+            Ok(())
+        }
+        other => Err(format!("unknown peer kind {other:?}")),
+    }
+}
+
+fn parse<T: std::str::FromStr>(word: &str) -> Res<T> {
+    word.parse().map_err(|_| format!("not a number: {word:?}"))
+}
