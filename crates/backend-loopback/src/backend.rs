@@ -1,6 +1,6 @@
 //! [`LoopbackBackend`]: one agent on a [`Fabric`], implementing the core trait.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -11,7 +11,7 @@ use descriptor_core::{
 };
 
 use crate::blob;
-use crate::fabric::{Agent, Fabric, Grant, LoadedPeer, lock, next_id};
+use crate::fabric::{Agent, Fabric, Grant, IdMap, LoadedPeer, lock, next_id};
 use crate::faults::FaultInjector;
 
 const NAME: &str = "loopback";
@@ -29,12 +29,12 @@ pub struct LoopbackBackend {
     fabric: Fabric,
     agent: Arc<Agent>,
     local: Mutex<LocalRegions>,
-    transfers: Mutex<HashMap<u64, Arc<Transfer>>>,
+    transfers: Mutex<IdMap<u64, Arc<Transfer>>>,
 }
 
 #[derive(Default)]
 struct LocalRegions {
-    by_id: HashMap<RegionId, (Segment, bool)>,
+    by_id: IdMap<RegionId, (Segment, bool)>,
     /// (start, id) -> (end, writable): finds the region holding an address.
     by_addr: BTreeMap<(usize, u64), (usize, bool)>,
 }
@@ -70,7 +70,7 @@ impl LoopbackBackend {
             fabric: fabric.clone(),
             agent,
             local: Mutex::new(LocalRegions::default()),
-            transfers: Mutex::new(HashMap::new()),
+            transfers: Mutex::new(IdMap::default()),
         })
     }
 

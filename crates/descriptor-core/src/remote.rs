@@ -8,12 +8,15 @@
 //! ~1 ms and the first transfer after it several more). Idle entries are capped
 //! (least recently used unloaded first) and can be unloaded on demand.
 //!
-//! Metadata already loaded is recognised by a keyed hash of its bytes, so
-//! loading the same blob again costs no backend call. The key is random per
-//! process: a hostile peer cannot craft a blob that passes for another peer's.
+//! Metadata already loaded is recognised, so loading the same blob again costs
+//! no backend call: a keyed hash of its length and ends finds a remembered
+//! blob, whose bytes must then equal the new one's (a full agent blob is
+//! kilobytes; hashing all of it on every operation cost more than comparing).
+//! The key is random per process, and equality is checked byte for byte: no
+//! blob passes for another.
 
 use std::collections::hash_map::RandomState;
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
 use std::sync::{Arc, PoisonError};
 
@@ -24,8 +27,10 @@ use crate::sync::{Condvar, Mutex, MutexGuard};
 
 /// Idle peers kept loaded by default.
 pub const DEFAULT_MAX_IDLE_PEERS: usize = 64;
-/// Distinct blobs remembered per peer before the memory of them is reset.
-const MAX_BLOBS_PER_PEER: usize = 256;
+/// Distinct blobs remembered per peer (the most recent ones).
+const MAX_BLOBS_PER_PEER: usize = 16;
+/// Bytes at each end of a blob that its memo key covers.
+const KEYED_ENDS: usize = 256;
 
 /// The cache of loaded peers.
 ///
@@ -45,8 +50,8 @@ pub(crate) struct RemoteCache {
 #[derive(Default)]
 struct State {
     peers: HashMap<String, Peer>,
-    /// Blob hash to the peer it loaded.
-    blobs: HashMap<u64, String>,
+    /// Blob key (see `RemoteCache::key`) to the blob and the peer it loaded.
+    blobs: HashMap<u64, (Box<[u8]>, String)>,
     clock: u64,
     /// `load_remote` calls in flight.
     loading: usize,
@@ -57,7 +62,8 @@ struct State {
 #[derive(Default)]
 struct Peer {
     refs: usize,
-    blobs: HashSet<u64>,
+    /// Keys of this peer's remembered blobs, oldest first.
+    blobs: VecDeque<u64>,
     last_used: u64,
 }
 
@@ -112,10 +118,22 @@ impl RemoteCache {
         }
     }
 
+    /// The memo key of a blob: a keyed hash of its length and both ends.
+    fn key(&self, blob: &[u8]) -> u64 {
+        let head = &blob[..blob.len().min(KEYED_ENDS)];
+        let tail = &blob[blob.len().saturating_sub(KEYED_ENDS)..];
+        self.hasher.hash_one((blob.len(), head, tail))
+    }
+
     fn try_acquire(self: &Arc<Self>, agent_metadata: &[u8]) -> Result<RemoteLease> {
-        let hash = self.hasher.hash_one(agent_metadata);
+        let key = self.key(agent_metadata);
         let mut state = self.lock();
-        if let Some(peer) = state.blobs.get(&hash).cloned() {
+        let known = state
+            .blobs
+            .get(&key)
+            .filter(|(blob, _)| **blob == *agent_metadata)
+            .map(|(_, peer)| peer.clone());
+        if let Some(peer) = known {
             return Ok(self.lease(&mut state, peer));
         }
         while state.unloading > 0 {
@@ -131,13 +149,22 @@ impl RemoteCache {
         let mut state = self.lock();
         let State { peers, blobs, .. } = &mut *state;
         let entry = peers.entry(peer.clone()).or_default();
-        if entry.blobs.len() >= MAX_BLOBS_PER_PEER {
-            for old in entry.blobs.drain() {
+        if !entry.blobs.contains(&key) {
+            if entry.blobs.len() >= MAX_BLOBS_PER_PEER
+                && let Some(old) = entry.blobs.pop_front()
+            {
                 blobs.remove(&old);
             }
+            entry.blobs.push_back(key);
         }
-        entry.blobs.insert(hash);
-        blobs.insert(hash, peer.clone());
+        if let Some((_, previous)) = blobs.insert(key, (agent_metadata.into(), peer.clone()))
+            && previous != peer
+        {
+            // Another peer's blob had this key: it is simply forgotten.
+            if let Some(other) = peers.get_mut(&previous) {
+                other.blobs.retain(|k| *k != key);
+            }
+        }
         Ok(self.lease(&mut state, peer))
     }
 
@@ -209,8 +236,8 @@ impl RemoteCache {
     fn unload(&self, mut state: MutexGuard<'_, State>, victims: &[String]) {
         for name in victims {
             if let Some(entry) = state.peers.remove(name) {
-                for hash in entry.blobs {
-                    state.blobs.remove(&hash);
+                for key in entry.blobs {
+                    state.blobs.remove(&key);
                 }
             }
         }
