@@ -14,6 +14,7 @@
 
 mod bundle;
 mod fuzz;
+mod hosts;
 mod nixl;
 mod python;
 
@@ -57,7 +58,7 @@ fn main() -> ExitCode {
                 "usage: cargo xtask <command>\n\n\
                  commands:\n  \
                  test [--long]         fmt check, clippy -D warnings, all tests and doc tests, loom, ASan, fuzz, rustdoc -D warnings, demos\n  \
-                 bench [--quick] [--python]  memcpy / loopback / nixl / raw nixl-sys (--python: nixl_connect vs Dynamo), interleaved; writes target/bench/\n  \
+                 bench [--quick] [--python | --two-hosts]  memcpy / loopback / nixl / raw nixl-sys, in and across processes (--python: nixl_connect vs Dynamo; --two-hosts: across two network namespaces over TCP); writes target/bench/\n  \
                  fuzz [--seconds N]    libFuzzer on the metadata, agent-blob and device parsers (default 60 s each)\n  \
                  gpu-bundle            release GPU checks + the NIXL runtime they need in target/gpu-bundle (run.sh)\n  \
                  nixl-runtime          fetch the NIXL runtime ({}) into target/nixl-runtime (idempotent)\n  \
@@ -433,19 +434,24 @@ fn demo(root: &Path, args: &[String]) -> Result<(), u8> {
 }
 
 fn bench(root: &Path, args: &[String]) -> Result<(), u8> {
-    let (mut quick, mut python_only) = (false, false);
+    let (mut quick, mut python_only, mut two_hosts) = (false, false, false);
     for arg in args {
         match arg.as_str() {
             "--quick" => quick = true,
             "--python" => python_only = true,
+            "--two-hosts" => two_hosts = true,
             _ => {
-                eprintln!("usage: cargo xtask bench [--quick] [--python]");
+                eprintln!("usage: cargo xtask bench [--quick] [--python | --two-hosts]");
                 return Err(2);
             }
         }
     }
     if python_only {
         return python::bench(root, quick);
+    }
+    if two_hosts {
+        let runtime = nixl::provision(root, "bench")?;
+        return hosts::bench(root, &runtime.root, quick);
     }
     let runtime = nixl::provision(root, "bench")?;
     let out = root.join("target/bench");

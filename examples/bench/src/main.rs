@@ -26,6 +26,9 @@ struct Config {
     peer: Option<String>,
     /// Only these (block bytes, blocks), and no extras (`--sizes 4096x1,65536x16`).
     only: Option<Vec<(usize, usize)>>,
+    /// Only the cross-process rows, the peer run through this command prefix
+    /// (`--xproc-only 'ip netns exec host-b'`; an empty prefix runs it plainly).
+    xproc_only: Option<Vec<String>>,
 }
 
 fn parse() -> Res<Config> {
@@ -34,6 +37,7 @@ fn parse() -> Res<Config> {
         out: PathBuf::from("target/bench"),
         peer: None,
         only: None,
+        xproc_only: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -41,6 +45,12 @@ fn parse() -> Res<Config> {
             "--quick" => config.quick = true,
             "--out" => config.out = args.next().ok_or("--out needs a folder")?.into(),
             "--peer" => config.peer = Some(args.next().ok_or("--peer needs api or raw")?),
+            "--xproc-only" => {
+                let wrap = args
+                    .next()
+                    .ok_or("--xproc-only needs a command prefix ('' for none)")?;
+                config.xproc_only = Some(wrap.split_whitespace().map(str::to_owned).collect());
+            }
             "--sizes" => {
                 let list = args.next().ok_or("--sizes needs BYTESxCOUNT[,...]")?;
                 let parsed = list
@@ -150,17 +160,23 @@ fn run(config: &Config) -> Res<()> {
     if let Some(kind) = &config.peer {
         return xproc::serve(kind);
     }
-    let mut movers: Vec<Box<dyn Mover>> = vec![
-        Box::new(Memcpy::default()),
-        Box::new(Api::loopback()?),
-        Box::new(Api::nixl()?),
-        Box::new(RawNixl::new()?),
-        Box::new(xproc::XprocApi::new()?),
-        Box::new(xproc::XprocRaw::new()?),
-    ];
+    let mut movers: Vec<Box<dyn Mover>> = match &config.xproc_only {
+        Some(wrap) => vec![
+            Box::new(xproc::XprocApi::new(wrap)?),
+            Box::new(xproc::XprocRaw::new(wrap)?),
+        ],
+        None => vec![
+            Box::new(Memcpy::default()),
+            Box::new(Api::loopback()?),
+            Box::new(Api::nixl()?),
+            Box::new(RawNixl::new()?),
+            Box::new(xproc::XprocApi::new(&[])?),
+            Box::new(xproc::XprocRaw::new(&[])?),
+        ],
+    };
     let rows = bandwidth(&mut movers, config.quick, config.only.as_deref())?;
     drop(movers);
-    let extras = if config.only.is_some() {
+    let extras = if config.only.is_some() || config.xproc_only.is_some() {
         extras::Extras::default()
     } else {
         extras::measure(config.quick)?

@@ -54,9 +54,19 @@ struct Peer {
 }
 
 impl Peer {
-    fn spawn(kind: &str) -> Res<Peer> {
+    /// This binary as the `kind` peer, run through `wrap` (a command prefix,
+    /// such as `ip netns exec other-host`) if given.
+    fn spawn(kind: &str, wrap: &[String]) -> Res<Peer> {
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-        let mut child = Command::new(exe)
+        let mut command = match wrap.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(exe);
+                c
+            }
+            None => Command::new(exe),
+        };
+        let mut child = command
             .args(["--peer", kind])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -116,12 +126,12 @@ pub(crate) struct XprocApi {
 }
 
 impl XprocApi {
-    pub(crate) fn new() -> Res<XprocApi> {
+    pub(crate) fn new(wrap: &[String]) -> Res<XprocApi> {
         let active = NixlBackend::new(&format!("xproc-active-{}", std::process::id()))
             .map(Connector::new)
             .map_err(|e| e.to_string())?;
         Ok(XprocApi {
-            peer: RefCell::new(Peer::spawn("api")?),
+            peer: RefCell::new(Peer::spawn("api", wrap)?),
             active,
             descs: Vec::new(),
         })
@@ -228,10 +238,10 @@ pub(crate) struct XprocRaw {
 }
 
 impl XprocRaw {
-    pub(crate) fn new() -> Res<XprocRaw> {
+    pub(crate) fn new(wrap: &[String]) -> Res<XprocRaw> {
         Ok(XprocRaw {
             agent: raw_agent(&format!("xproc-raw-active-{}", std::process::id()))?,
-            peer: RefCell::new(Peer::spawn("raw")?),
+            peer: RefCell::new(Peer::spawn("raw", wrap)?),
             remote_name: String::new(),
             remote: Vec::new(),
             handles: Vec::new(),
