@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use descriptor_core::{
     Error, EventHook, Exposure, ExposureId, Notification, OperationKind, RegionId,
-    RegistrationBackend, Result, Segment, TransferId, TransferOp, TransferRequest, TransferState,
+    RegistrationBackend, Release, Result, Segment, TransferId, TransferRequest, TransferState,
 };
 
 use crate::blob;
@@ -52,19 +52,19 @@ impl LoopbackBackend {
     /// Joins `fabric` as agent `name`; the name must be unique on the fabric.
     pub fn new(fabric: &Fabric, name: &str) -> Result<LoopbackBackend> {
         if name.is_empty() || name.len() > MAX_AGENT_NAME {
-            return Err(Error::Backend {
-                backend: NAME,
-                context: format!("create agent {name:?}"),
-                reason: format!("agent names are 1 to {MAX_AGENT_NAME} bytes"),
-            });
+            return Err(Error::backend(
+                NAME,
+                format!("create agent {name:?}"),
+                format!("agent names are 1 to {MAX_AGENT_NAME} bytes"),
+            ));
         }
         let agent = Arc::new(Agent::new(name));
         if !fabric.join(Arc::clone(&agent)) {
-            return Err(Error::Backend {
-                backend: NAME,
-                context: format!("create agent {name:?}"),
-                reason: "an agent with that name is already on the fabric".into(),
-            });
+            return Err(Error::backend(
+                NAME,
+                format!("create agent {name:?}"),
+                "an agent with that name is already on the fabric",
+            ));
         }
         Ok(LoopbackBackend {
             fabric: fabric.clone(),
@@ -92,11 +92,11 @@ impl LoopbackBackend {
     }
 
     fn gone(&self, context: impl Into<String>) -> Error {
-        Error::Backend {
-            backend: NAME,
-            context: context.into(),
-            reason: format!("agent {:?} has vanished from the fabric", self.agent.name),
-        }
+        Error::backend(
+            NAME,
+            context.into(),
+            format!("agent {:?} has vanished from the fabric", self.agent.name),
+        )
     }
 
     fn denied(peer: &str, reason: String) -> Error {
@@ -120,25 +120,22 @@ impl LoopbackBackend {
         let peer = peer
             .filter(|p| !p.is_gone())
             .ok_or_else(|| Self::denied(peer_name, "the peer has vanished".into()))?;
-        let access = match request.op {
-            TransferOp::Read => OperationKind::Read,
-            TransferOp::Write => OperationKind::Write,
-        };
+        let access = request.op;
         let (granted, other_kind): (Vec<(u64, Arc<Grant>)>, Vec<_>) = grant_ids
             .iter()
             .filter_map(|&id| peer.grant(id).map(|g| (id, g)))
             .partition(|(_, g)| g.access == access);
         let (grant_ids, grants): (Vec<u64>, Vec<Arc<Grant>>) = granted.into_iter().unzip();
         if request.local.len() != request.remote.len() {
-            return Err(Error::Backend {
-                backend: NAME,
-                context: format!("post {:?} to {peer_name}", request.op),
-                reason: format!(
+            return Err(Error::backend(
+                NAME,
+                format!("post {:?} to {peer_name}", request.op),
+                format!(
                     "{} local segments for {} remote segments",
                     request.local.len(),
                     request.remote.len()
                 ),
-            });
+            ));
         }
         let regions = lock(&self.local);
         let mut pairs = Vec::with_capacity(request.local.len());
@@ -160,19 +157,19 @@ impl LoopbackBackend {
                 });
             }
             match regions.holding(local) {
-                Some(writable) if writable || request.op == TransferOp::Write => {}
+                Some(writable) if writable || request.op == OperationKind::Write => {}
                 Some(_) => {
                     return Err(Error::ReadOnlyBuffer { index });
                 }
                 None => {
-                    return Err(Error::Backend {
-                        backend: NAME,
-                        context: format!("post {:?} to {peer_name}", request.op),
-                        reason: format!(
+                    return Err(Error::backend(
+                        NAME,
+                        format!("post {:?} to {peer_name}", request.op),
+                        format!(
                             "local descriptor {index} ({:#x}+{}) is not registered with agent {:?}",
                             local.addr, local.len, self.agent.name
                         ),
-                    });
+                    ));
                 }
             }
             let grant = grants.iter().position(|g| g.covers(remote)).ok_or_else(|| {
@@ -242,7 +239,7 @@ impl Drop for LoopbackBackend {
 
 /// A validated transfer, ready to copy.
 struct Job {
-    op: TransferOp,
+    op: OperationKind,
     from: String,
     peer: Arc<Agent>,
     grants: Vec<Arc<Grant>>,
@@ -258,18 +255,18 @@ impl Job {
     /// Copies every pair, each under its grant's read lock, then notifies the peer.
     fn run(self) -> TransferState {
         if self.peer.is_gone() {
-            return TransferState::Failed(format!("peer {:?} vanished", self.peer.name));
+            return TransferState::failed(format!("peer {:?} vanished", self.peer.name));
         }
         for &(local, remote, len, grant) in &self.pairs {
             let Some(_live) = self.grants[grant].hold() else {
-                return TransferState::Failed(format!(
+                return TransferState::failed(format!(
                     "peer {:?} revoked access before the transfer ran",
                     self.peer.name
                 ));
             };
             let (src, dst) = match self.op {
-                TransferOp::Read => (remote, local),
-                TransferOp::Write => (local, remote),
+                OperationKind::Read => (remote, local),
+                OperationKind::Write => (local, remote),
             };
             // SAFETY: the remote range lies inside a region the peer registered
             // (valid, and writable if exposed for WRITE: `expose` refuses read-only
@@ -385,11 +382,11 @@ impl RegistrationBackend for LoopbackBackend {
         if removed.is_some() {
             self.agent.regions.fetch_sub(1, Ordering::Relaxed);
         } else {
-            return Err(Error::Backend {
-                backend: NAME,
-                context: "deregister".into(),
-                reason: format!("region {} is not registered", region.0),
-            });
+            return Err(Error::backend(
+                NAME,
+                "deregister",
+                format!("region {} is not registered", region.0),
+            ));
         }
         // An exposure never outlives the memory it names.
         let mut grants = self
@@ -414,10 +411,8 @@ impl RegistrationBackend for LoopbackBackend {
         let local = lock(&self.local);
         let mut exposed = Vec::with_capacity(regions.len());
         for (index, id) in regions.iter().enumerate() {
-            let &(segment, writable) = local.by_id.get(id).ok_or_else(|| Error::Backend {
-                backend: NAME,
-                context: "expose".into(),
-                reason: format!("region {} is not registered", id.0),
+            let &(segment, writable) = local.by_id.get(id).ok_or_else(|| {
+                Error::backend(NAME, "expose", format!("region {} is not registered", id.0))
             })?;
             if access == OperationKind::Write && !writable {
                 return Err(Error::ReadOnlyBuffer { index });
@@ -510,7 +505,7 @@ impl RegistrationBackend for LoopbackBackend {
         job.drop_notification = faults.drop_notification;
         let id = next_id();
         let stage = match (faults.fail, faults.delay) {
-            (Some(reason), _) => Stage::Finished(TransferState::Failed(reason)),
+            (Some(reason), _) => Stage::Finished(TransferState::failed(reason)),
             (None, Some(_)) => Stage::Delayed(Box::new(job)),
             (None, None) => Stage::Finished(job.run()),
         };
@@ -531,11 +526,7 @@ impl RegistrationBackend for LoopbackBackend {
                 });
             if let Err(error) = spawned {
                 lock(&self.transfers).remove(&id);
-                return Err(Error::Backend {
-                    backend: NAME,
-                    context: "delay a transfer".into(),
-                    reason: error.to_string(),
-                });
+                return Err(Error::backend(NAME, "delay a transfer", error.to_string()));
             }
         }
         Ok(TransferId(id))
@@ -543,32 +534,32 @@ impl RegistrationBackend for LoopbackBackend {
 
     fn poll(&self, transfer: TransferId) -> TransferState {
         let Some(t) = lock(&self.transfers).get(&transfer.0).cloned() else {
-            return TransferState::Failed(format!("unknown transfer {}", transfer.0));
+            return TransferState::failed(format!("unknown transfer {}", transfer.0));
         };
         let stage = t.stage();
         match &*stage {
             Stage::Delayed(_) | Stage::Running => TransferState::InProgress,
             Stage::Finished(state) => state.clone(),
-            Stage::Released => TransferState::Failed("released".into()),
+            Stage::Released => TransferState::failed("released"),
         }
     }
 
-    fn release(&self, transfer: TransferId) -> Result<bool> {
+    fn release(&self, transfer: TransferId) -> Result<Release> {
         let Some(t) = lock(&self.transfers).get(&transfer.0).cloned() else {
-            return Ok(true);
+            return Ok(Release::LetGo);
         };
         {
             let mut stage = t.stage();
             if let Stage::Running = *stage {
                 // The copy cannot be stopped halfway: the engine asks again
                 // once it has finished (the delay thread signals then).
-                return Ok(false);
+                return Ok(Release::StillRunning);
             }
             // A delayed copy that has not started never will.
             *stage = Stage::Released;
         }
         lock(&self.transfers).remove(&transfer.0);
-        Ok(true)
+        Ok(Release::LetGo)
     }
 
     fn drain_notifications(&self, sink: &mut dyn FnMut(Notification)) -> Result<()> {

@@ -271,7 +271,9 @@ fn injected_failure_errors_the_operation_and_moves_nothing() {
         .begin_write(filled(9, 4096), writable.metadata())
         .unwrap();
     match write.wait_timeout(LONG) {
-        Err(Error::TransferFailed(reason)) => assert_eq!(reason, "injected: link down"),
+        Err(Error::TransferFailed { source }) => {
+            assert_eq!(source.to_string(), "injected: link down")
+        }
         other => panic!("{other:?}"),
     }
     assert_eq!(write.status(), OperationStatus::Errored);
@@ -357,7 +359,9 @@ fn vanished_peer_fails_new_and_in_flight_transfers() {
     assert!(fabric.vanish("server"));
     assert!(!fabric.vanish("server"));
     match in_flight.wait_timeout(LONG) {
-        Err(Error::TransferFailed(reason)) => assert!(reason.contains("vanished"), "{reason}"),
+        Err(Error::TransferFailed { source }) => {
+            assert!(source.to_string().contains("vanished"), "{source}")
+        }
         other => panic!("{other:?}"),
     }
     let new = client.begin_read(readable.metadata(), zeroed(4096));
@@ -469,7 +473,7 @@ fn faults_leave_no_registration_exposure_or_peer_behind() {
             .unwrap();
         assert!(matches!(
             failed.wait_timeout(LONG),
-            Err(Error::TransferFailed(_))
+            Err(Error::TransferFailed { .. })
         ));
         faults.delay_next_transfer(Duration::from_millis(100));
         let slow = client

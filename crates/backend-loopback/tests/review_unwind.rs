@@ -19,14 +19,14 @@ use std::time::Duration;
 use backend_loopback::{Fabric, FaultInjector, LoopbackBackend};
 use common::{Call, hooked};
 use descriptor_core::conformance::filled;
-use descriptor_core::{Connector, Descriptor, OperationStatus, RegistrationBackend, TransferState};
+use descriptor_core::{Connector, Descriptor, OperationStatus, RegistrationBackend, Release};
 
 #[derive(Clone, Copy, PartialEq)]
 enum Mode {
     /// `release` panics once (a backend bug, e.g. an unwrap on an FFI error).
     PanicOnRelease,
     /// NIXL's documented behaviour: `release` of a transfer still in progress
-    /// returns Ok(false) ("cannot abort, will finish"); conforming to the trait.
+    /// returns `Release::StillRunning` ("cannot abort, will finish"); conforming to the trait.
     NixlLikeRelease,
     /// Like NIXL: no event hook, the engine must poll.
     Polled,
@@ -43,8 +43,8 @@ fn wrapped(fabric: &Fabric, name: &str, mode: Mode) -> (Connector, FaultInjector
             Mode::PanicOnRelease if armed.swap(false, Ordering::SeqCst) => {
                 panic!("backend bug: release panicked")
             }
-            Mode::NixlLikeRelease if inner.poll(transfer) == TransferState::InProgress => {
-                Some(Ok(false))
+            Mode::NixlLikeRelease if inner.poll(transfer).is_in_progress() => {
+                Some(Ok(Release::StillRunning))
             }
             _ => None,
         }
@@ -99,7 +99,7 @@ fn panic_in_release_does_not_free_in_flight_memory() {
 
 /// Defect 1 (unsound, safe user code + a trait-conforming NIXL-like backend):
 /// a stale waker (from a `completion()` future dropped by a timeout) panicked
-/// when the dropped operation was cancelled; `release` had returned Ok(false)
+/// when the dropped operation was cancelled; `release` had returned `Release::StillRunning`
 /// (Draining), yet the descriptors were freed during unwinding. A dropped
 /// future now takes its waker with it, so nothing panics, and the memory
 /// stays held until the transfer drains.

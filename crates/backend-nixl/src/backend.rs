@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use descriptor_core::{
     Device, DeviceKind, Error, EventHook, Exposure, ExposureId, Notification, OperationKind,
-    RegionId, RegistrationBackend, Result, Segment, TransferId, TransferOp, TransferRequest,
-    TransferState,
+    RegionId, RegistrationBackend, Release, Result, Segment, SharedCause, Side, TransferId,
+    TransferRequest, TransferState,
 };
 use nixl_sys::{
     Agent, AgentConfig, MemType, MemoryRegion, NixlDescriptor, NixlError, OptArgs, RegDescList,
@@ -232,11 +232,7 @@ impl NixlDescriptor for Range {
 }
 
 fn nixl_error(context: impl Into<String>, error: NixlError) -> Error {
-    Error::Backend {
-        backend: NAME,
-        context: context.into(),
-        reason: format!("{error} ({error:?})"),
-    }
+    Error::backend(NAME, context, error)
 }
 
 /// NIXL's memory type and device id for a device.
@@ -252,10 +248,10 @@ fn mem_of(device: Device) -> Result<(MemType, u64)> {
     }
 }
 
-fn xfer_list(segments: &[Segment]) -> Result<XferDescList<'static>> {
-    let first = segments.first().ok_or(Error::EmptyDescriptorList {
-        side: descriptor_core::Side::Local,
-    })?;
+fn xfer_list(segments: &[Segment], side: Side) -> Result<XferDescList<'static>> {
+    let first = segments
+        .first()
+        .ok_or(Error::EmptyDescriptorList { side })?;
     let (mem, _) = mem_of(first.device)?;
     let mut list = XferDescList::new(mem).map_err(|e| nixl_error("create a transfer list", e))?;
     for s in segments {
@@ -406,11 +402,11 @@ impl RegistrationBackend for NixlBackend {
         // Dropping the handle deregisters.
         match lock(&self.regions).remove(&region.0) {
             Some(_) => Ok(()),
-            None => Err(Error::Backend {
-                backend: NAME,
-                context: "deregister".into(),
-                reason: format!("region {} is not registered", region.0),
-            }),
+            None => Err(Error::backend(
+                NAME,
+                "deregister",
+                format!("region {} is not registered", region.0),
+            )),
         }
     }
 
@@ -419,10 +415,8 @@ impl RegistrationBackend for NixlBackend {
             let registered = lock(&self.regions);
             let mut segments = Vec::with_capacity(regions.len());
             for (index, id) in regions.iter().enumerate() {
-                let region = registered.get(&id.0).ok_or_else(|| Error::Backend {
-                    backend: NAME,
-                    context: "expose".into(),
-                    reason: format!("region {} is not registered", id.0),
+                let region = registered.get(&id.0).ok_or_else(|| {
+                    Error::backend(NAME, "expose", format!("region {} is not registered", id.0))
                 })?;
                 if access == OperationKind::Write && !region.writable {
                     return Err(Error::ReadOnlyBuffer { index });
@@ -502,8 +496,8 @@ impl RegistrationBackend for NixlBackend {
 
     unsafe fn post(&self, request: &TransferRequest<'_>) -> Result<TransferId> {
         let (op, verb) = match request.op {
-            TransferOp::Read => (XferOp::Read, "READ"),
-            TransferOp::Write => (XferOp::Write, "WRITE"),
+            OperationKind::Read => (XferOp::Read, "READ"),
+            OperationKind::Write => (XferOp::Write, "WRITE"),
         };
         let context = || {
             format!(
@@ -512,8 +506,8 @@ impl RegistrationBackend for NixlBackend {
                 request.peer
             )
         };
-        let local = xfer_list(request.local)?;
-        let remote = xfer_list(request.remote)?;
+        let local = xfer_list(request.local, Side::Local)?;
+        let remote = xfer_list(request.remote, Side::Remote)?;
         let mut args = OptArgs::new().map_err(|e| nixl_error(context(), e))?;
         args.set_notification_message(request.notification)
             .and_then(|()| args.set_has_notification(true))
@@ -540,7 +534,7 @@ impl RegistrationBackend for NixlBackend {
             Ok(false) => (Some(TransferState::Done), None),
             Err(e) => (
                 None,
-                Some(format!("post {} failed: {e} ({e:?})", context())),
+                Some(Arc::new(nixl_error(format!("post {}", context()), e)) as SharedCause),
             ),
         };
         let id = self.id();
@@ -563,7 +557,7 @@ impl RegistrationBackend for NixlBackend {
     fn poll(&self, transfer: TransferId) -> TransferState {
         let mut transfers = lock(&self.live.transfers);
         let Some(t) = transfers.get_mut(&transfer.0) else {
-            return TransferState::Failed(format!("unknown transfer {}", transfer.0));
+            return TransferState::failed(format!("unknown transfer {}", transfer.0));
         };
         // A waiting thread polls (`wait_assist`): the watcher leaves the
         // transfer to it. (The connector's hook polls too, on the watcher.)
@@ -578,20 +572,20 @@ impl RegistrationBackend for NixlBackend {
         crate::progress::WAIT_ASSIST
     }
 
-    fn release(&self, transfer: TransferId) -> Result<bool> {
+    fn release(&self, transfer: TransferId) -> Result<Release> {
         let mut transfers = lock(&self.live.transfers);
         let Some(t) = transfers.get_mut(&transfer.0) else {
-            return Ok(true);
+            return Ok(Release::LetGo);
         };
         // nixl-sys can abort only by dropping the request, and then NIXL does
         // not say whether the abort took. So a cancelled transfer is left to
         // finish (or fail) and released then: bounded, and sound. The watcher
         // signals when it ends, and the connector asks again.
         if t.check(&self.live.agent).is_none() {
-            return Ok(false);
+            return Ok(Release::StillRunning);
         }
         transfers.remove(&transfer.0);
-        Ok(true)
+        Ok(Release::LetGo)
     }
 
     fn drain_notifications(&self, sink: &mut dyn FnMut(Notification)) -> Result<()> {

@@ -26,10 +26,10 @@
 //! the idle cost, lowest at 100 ms; `ThreadSync::Strict` did better than `Rw`.
 
 use std::collections::HashMap;
-use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
-use descriptor_core::{EventHook, Notification, TransferState};
+use descriptor_core::{EventHook, Notification, SharedCause, TransferState};
 use nixl_sys::{Agent, NotificationMap, XferRequest, XferStatus};
 
 /// How long the watcher polls without sleeping after a post or an event.
@@ -70,7 +70,7 @@ pub(crate) struct Transfer {
     /// Set once NIXL reported the end (or the post failed).
     pub(crate) finished: Option<TransferState>,
     /// Why the post itself failed, reported once NIXL says the request is idle.
-    pub(crate) post_error: Option<String>,
+    pub(crate) post_error: Option<SharedCause>,
 }
 
 impl Transfer {
@@ -81,9 +81,9 @@ impl Transfer {
         }
         let state = match (agent.get_xfer_status(&self.request), &self.post_error) {
             (Ok(XferStatus::InProgress), _) => return None,
-            (_, Some(post_error)) => TransferState::Failed(post_error.clone()),
+            (_, Some(post_error)) => TransferState::Failed(Arc::clone(post_error)),
             (Ok(XferStatus::Success), None) => TransferState::Done,
-            (Err(e), None) => TransferState::Failed(format!("NIXL reported {e} ({e:?})")),
+            (Err(e), None) => TransferState::failed(e),
         };
         self.finished = Some(state.clone());
         Some(state)

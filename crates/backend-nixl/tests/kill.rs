@@ -106,7 +106,7 @@ fn killing_the_passive_process_mid_write_errors_the_write_in_bounded_time() {
     );
     assert!(elapsed < WAIT);
     assert!(
-        matches!(error, Error::TransferFailed(_)),
+        matches!(error, Error::TransferFailed { .. }),
         "the write itself ends Errored: {error:?}"
     );
     fresh_write_succeeds(&writer);

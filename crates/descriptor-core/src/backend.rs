@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use crate::device::Device;
-use crate::error::Result;
+use crate::error::{Cause, Result, SharedCause};
 use crate::metadata::OperationKind;
 
 /// A backend's handle for a registered region.
@@ -63,20 +63,23 @@ pub struct Exposure {
     pub agent_metadata: Vec<u8>,
 }
 
-/// Direction of a transfer, seen from the agent that posts it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum TransferOp {
-    /// Copy remote memory into local memory.
-    Read,
-    /// Copy local memory into remote memory.
-    Write,
+/// What [`RegistrationBackend::release`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    /// The backend no longer touches the transfer's memory.
+    LetGo,
+    /// The transfer is still running and cannot be stopped now: the
+    /// connector asks again later, and keeps the memory alive meanwhile.
+    StillRunning,
 }
 
 /// A READ or WRITE between local and remote segments, paired index by index.
 #[derive(Debug, Clone, Copy)]
 pub struct TransferRequest<'a> {
-    /// Direction.
-    pub op: TransferOp,
+    /// Direction, seen from the agent that posts it: [`OperationKind::Read`]
+    /// copies remote memory into local memory (the peer published a readable),
+    /// [`OperationKind::Write`] local into remote (a writable).
+    pub op: OperationKind,
     /// The peer, as returned by [`RegistrationBackend::load_remote`].
     pub peer: &'a str,
     /// Local segments, inside regions registered with this backend.
@@ -95,14 +98,26 @@ impl TransferRequest<'_> {
 }
 
 /// State of a posted transfer.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum TransferState {
     /// Still moving bytes.
     InProgress,
     /// All bytes moved; the notification is on its way to the peer.
     Done,
-    /// The transfer failed; the reason is the backend's.
-    Failed(String),
+    /// The transfer failed; the reason is the backend's own error.
+    Failed(SharedCause),
+}
+
+impl TransferState {
+    /// A failed state from the backend's error (or a message).
+    pub fn failed(reason: impl Into<Cause>) -> TransferState {
+        TransferState::Failed(Arc::from(reason.into()))
+    }
+
+    /// Whether the transfer is still moving bytes.
+    pub fn is_in_progress(&self) -> bool {
+        matches!(self, TransferState::InProgress)
+    }
 }
 
 /// A notification received from a peer.
@@ -233,7 +248,8 @@ pub trait RegistrationBackend: Send + Sync + 'static {
     /// Every local segment lies inside a region registered with this backend
     /// (registered writable if the transfer READs into it), and stays valid and
     /// untouched by anything else until [`release`](Self::release) returns
-    /// `Ok(true)` for the returned transfer. On `Err` no transfer was started.
+    /// [`Release::LetGo`] for the returned transfer. On `Err` no transfer was
+    /// started.
     unsafe fn post(&self, request: &TransferRequest<'_>) -> Result<TransferId>;
 
     /// Reports a posted transfer's state.
@@ -242,13 +258,13 @@ pub trait RegistrationBackend: Send + Sync + 'static {
     /// Releases a transfer the connector is done with, aborting it if the
     /// backend can. It must not wait for a transfer in progress.
     ///
-    /// - `Ok(true)`: released; the backend no longer touches its memory.
-    /// - `Ok(false)`: still in progress (it cannot be stopped now); the
-    ///   connector's engine calls `release` again until it returns `Ok(true)`,
-    ///   and keeps the memory alive meanwhile. An event-driven backend signals
-    ///   its hook when such a transfer ends.
+    /// - [`Release::LetGo`]: the backend no longer touches its memory.
+    /// - [`Release::StillRunning`]: it cannot be stopped now; the connector's
+    ///   engine calls `release` again until it lets go, and keeps the memory
+    ///   alive meanwhile. An event-driven backend signals its hook when such a
+    ///   transfer ends.
     /// - `Err`: the backend lost track of it; the connector never frees its memory.
-    fn release(&self, transfer: TransferId) -> Result<bool>;
+    fn release(&self, transfer: TransferId) -> Result<Release>;
 
     /// Takes every notification received since the last call.
     fn drain_notifications(&self, sink: &mut dyn FnMut(Notification)) -> Result<()>;

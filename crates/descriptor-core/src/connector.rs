@@ -3,12 +3,12 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::backend::{RegistrationBackend, Segment, TransferOp, TransferRequest};
+use crate::backend::{RegistrationBackend, Segment, TransferRequest};
 use crate::descriptor::Descriptor;
 use crate::engine::Engine;
 use crate::error::{Error, Result, Side};
 use crate::metadata::{OperationKind, RdmaMetadata, SerializedDescriptor};
-use crate::operation::state::{OpShared, OperationStatus, Pending};
+use crate::operation::state::{OpShared, OperationStatus, Pending, Role};
 use crate::operation::{
     Held, OperationCore, ReadOperation, ReadableOperation, WritableOperation, WriteOperation,
 };
@@ -210,7 +210,7 @@ impl Connector {
         remote: &RdmaMetadata,
         local: impl Into<Vec<Descriptor>>,
     ) -> Result<ReadOperation> {
-        self.begin_active(remote, local.into(), TransferOp::Read)
+        self.begin_active(remote, local.into(), OperationKind::Read)
             .map(ReadOperation::new)
     }
 
@@ -226,7 +226,7 @@ impl Connector {
         local: impl Into<Vec<Descriptor>>,
         remote: &RdmaMetadata,
     ) -> Result<WriteOperation> {
-        self.begin_active(remote, local.into(), TransferOp::Write)
+        self.begin_active(remote, local.into(), OperationKind::Write)
             .map(WriteOperation::new)
     }
 
@@ -261,10 +261,9 @@ impl Connector {
         let bytes = descriptors.iter().map(Descriptor::size).sum();
         let shared = OpShared::new(
             self.backend_arc(),
-            if access == OperationKind::Read {
-                "readable"
-            } else {
-                "writable"
+            Role {
+                kind: access,
+                passive: true,
             },
             bytes,
             OperationStatus::Initialized,
@@ -294,13 +293,9 @@ impl Connector {
         &self,
         remote: &RdmaMetadata,
         mut local: Vec<Descriptor>,
-        op: TransferOp,
+        op: OperationKind,
     ) -> Result<OperationCore> {
-        let expected = match op {
-            TransferOp::Read => OperationKind::Read,
-            TransferOp::Write => OperationKind::Write,
-        };
-        check_pairing(remote, &local, expected)?;
+        check_pairing(remote, &local, op)?;
         for d in &mut local {
             d.register_memory(self)?;
         }
@@ -334,9 +329,9 @@ impl Connector {
         };
         let shared = OpShared::new(
             self.backend_arc(),
-            match op {
-                TransferOp::Read => "read",
-                TransferOp::Write => "write",
+            Role {
+                kind: op,
+                passive: false,
             },
             bytes,
             OperationStatus::InProgress,

@@ -1,5 +1,6 @@
 //! The one error type of this crate and of every backend.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::device::DeviceKind;
@@ -163,20 +164,31 @@ pub enum Error {
         reason: String,
     },
 
-    /// Any other backend failure, with the context it happened in.
-    #[error("{backend} backend: {context} failed: {reason}")]
+    /// Any other backend failure, with the context it happened in and the
+    /// backend's own error as its source.
+    #[error("{backend} backend: {context} failed: {source}")]
     Backend {
         /// Backend name.
         backend: &'static str,
         /// What the library was doing (`"register"`, `"post READ to worker-2"`, ...).
         context: String,
-        /// The backend's own description (status code, message).
-        reason: String,
+        /// The backend's own error (a NIXL status, a message).
+        #[source]
+        source: Cause,
     },
 
-    /// A transfer was posted but ended in failure.
-    #[error("transfer failed: {0}")]
-    TransferFailed(String),
+    /// A transfer was posted but ended in failure; the source is the
+    /// backend's reason, shared by every waiter of the operation.
+    #[error("transfer failed: {source}")]
+    TransferFailed {
+        /// Why, as the backend reported it.
+        #[source]
+        source: SharedCause,
+    },
+
+    /// A future that already resolved was polled again.
+    #[error("the operation's future was polled after it resolved")]
+    PolledAfterCompletion,
 
     /// The operation was cancelled (explicitly or by being dropped).
     #[error("operation was cancelled")]
@@ -192,6 +204,28 @@ fn passive(kind: OperationKind) -> &'static str {
     match kind {
         OperationKind::Read => "readable",
         OperationKind::Write => "writable",
+    }
+}
+
+/// A backend's own error, kept as the source of an [`Error`].
+pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A [`Cause`] that several receivers share (every waiter of a failed
+/// operation gets it).
+pub type SharedCause = Arc<dyn std::error::Error + Send + Sync + 'static>;
+
+impl Error {
+    /// A [`Error::Backend`] from a backend's own error (or a message).
+    pub fn backend(
+        backend: &'static str,
+        context: impl Into<String>,
+        source: impl Into<Cause>,
+    ) -> Error {
+        Error::Backend {
+            backend,
+            context: context.into(),
+            source: source.into(),
+        }
     }
 }
 

@@ -68,14 +68,14 @@ mod testing;
 pub mod conformance;
 
 pub use backend::{
-    EventHook, Exposure, ExposureId, Notification, RegionId, RegistrationBackend, Segment,
-    TransferId, TransferOp, TransferRequest, TransferState,
+    EventHook, Exposure, ExposureId, Notification, RegionId, RegistrationBackend, Release, Segment,
+    TransferId, TransferRequest, TransferState,
 };
 pub use buffer::{MemoryBuffer, RawMemory};
 pub use connector::{Connector, ConnectorBuilder};
 pub use descriptor::Descriptor;
 pub use device::{Device, DeviceKind};
-pub use error::{Error, Result, Side};
+pub use error::{Cause, Error, Result, SharedCause, Side};
 pub use metadata::{
     MAX_AGENT_METADATA_BYTES, MAX_DESCRIPTORS, MAX_JSON_BYTES, MAX_NOTIFICATION_KEY_LEN,
     OperationKind, RdmaMetadata, SerializedDescriptor, decode_agent_metadata,

@@ -141,8 +141,12 @@ impl RdmaMetadata {
             notification_key: Cow::Borrowed(&self.notification_key),
             operation_kind: self.operation_kind as u8,
         };
-        // Serializing plain strings and integers to a String cannot fail.
-        serde_json::to_string(&wire).unwrap_or_default()
+        #[allow(
+            clippy::expect_used,
+            reason = "serializing plain strings and integers to a String cannot fail; \
+                      an empty string would be silently wrong"
+        )]
+        serde_json::to_string(&wire).expect("metadata serializes")
     }
 
     /// Parses and validates Dynamo's JSON.
@@ -394,11 +398,14 @@ where
 pub fn encode_agent_metadata(blob: &[u8]) -> String {
     use std::io::Write;
     let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::new(6));
-    // Writing into a Vec cannot fail.
+    #[allow(
+        clippy::expect_used,
+        reason = "writing into a Vec cannot fail; empty metadata would be silently wrong"
+    )]
     let compressed = z
         .write_all(blob)
         .and_then(|()| z.finish())
-        .unwrap_or_default();
+        .expect("compressing into a Vec");
     let mut out = String::with_capacity(B64_PREFIX.len() + compressed.len().div_ceil(3) * 4);
     out.push_str(B64_PREFIX);
     base64::engine::general_purpose::STANDARD.encode_string(&compressed, &mut out);

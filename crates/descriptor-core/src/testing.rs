@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use crate::sync::{AtomicBool, AtomicUsize, Ordering};
 
 use crate::backend::{
-    EventHook, Exposure, ExposureId, Notification, RegionId, RegistrationBackend, Segment,
+    EventHook, Exposure, ExposureId, Notification, RegionId, RegistrationBackend, Release, Segment,
     TransferId, TransferRequest, TransferState,
 };
 use crate::descriptor::Descriptor;
@@ -29,10 +29,10 @@ use crate::metadata::OperationKind;
 
 /// What `release` answers next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Release {
-    /// `Ok(true)`: let go.
+pub(crate) enum Script {
+    /// `Ok(Release::LetGo)`.
     LetGo,
-    /// `Ok(false)`: still running, ask again.
+    /// `Ok(Release::StillRunning)`: ask again.
     Busy,
     /// `Err`: lost track of it.
     Lost,
@@ -46,8 +46,8 @@ pub(crate) struct Scripted {
     pub(crate) poll: Mutex<TransferState>,
     /// Whether `poll` panics.
     pub(crate) poll_panics: AtomicBool,
-    /// What `release` answers, in turn; [`Release::LetGo`] once empty.
-    pub(crate) releases: Mutex<VecDeque<Release>>,
+    /// What `release` answers, in turn; [`Script::LetGo`] once empty.
+    pub(crate) releases: Mutex<VecDeque<Script>>,
     /// Whether `revoke` panics.
     pub(crate) revoke_panics: AtomicBool,
     /// What `revocation_enforced` answers.
@@ -94,7 +94,7 @@ impl Scripted {
         }
     }
 
-    pub(crate) fn script_releases(&self, answers: &[Release]) {
+    pub(crate) fn script_releases(&self, answers: &[Script]) {
         self.releases.lock().unwrap().extend(answers);
     }
 
@@ -242,27 +242,27 @@ impl RegistrationBackend for Scripted {
         self.poll.lock().unwrap().clone()
     }
 
-    fn release(&self, _transfer: TransferId) -> Result<bool> {
+    fn release(&self, _transfer: TransferId) -> Result<Release> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let answer = self
             .releases
             .lock()
             .unwrap()
             .pop_front()
-            .unwrap_or(Release::LetGo);
+            .unwrap_or(Script::LetGo);
         match answer {
-            Release::LetGo => {
+            Script::LetGo => {
                 self.let_go.store(true, Ordering::SeqCst);
                 self.live_transfers.fetch_sub(1, Ordering::SeqCst);
-                Ok(true)
+                Ok(Release::LetGo)
             }
-            Release::Busy => Ok(false),
-            Release::Lost => Err(Error::Backend {
-                backend: "scripted",
-                context: "release".into(),
-                reason: "lost track of the transfer".into(),
-            }),
-            Release::Panic => panic!("scripted: release panicked"),
+            Script::Busy => Ok(Release::StillRunning),
+            Script::Lost => Err(Error::backend(
+                "scripted",
+                "release",
+                "lost track of the transfer",
+            )),
+            Script::Panic => panic!("scripted: release panicked"),
         }
     }
 

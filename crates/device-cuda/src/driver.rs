@@ -38,9 +38,5 @@ pub(crate) fn unavailable() -> Error {
 }
 
 pub(crate) fn error(context: impl Into<String>, e: DriverError) -> Error {
-    Error::Backend {
-        backend: NAME,
-        context: context.into(),
-        reason: e.to_string(),
-    }
+    Error::backend(NAME, context, e)
 }

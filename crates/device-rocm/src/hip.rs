@@ -94,11 +94,11 @@ pub(crate) fn check(status: Status, context: &str) -> Result<(), Error> {
     if status == HIP_SUCCESS {
         Ok(())
     } else {
-        Err(Error::Backend {
-            backend: NAME,
-            context: context.into(),
-            reason: format!("hipError_t {status}"),
-        })
+        Err(Error::backend(
+            NAME,
+            context,
+            format!("hipError_t {status}"),
+        ))
     }
 }
 

@@ -146,7 +146,7 @@ impl PyOperation {
         match op.wait_timeout(Duration::ZERO) {
             Ok(()) => Some(Ended::Complete),
             Err(Error::Cancelled) => Some(Ended::Cancelled),
-            Err(Error::TransferFailed(reason)) => Some(Ended::Failed(reason)),
+            Err(Error::TransferFailed { source }) => Some(Ended::Failed(with_sources(&*source))),
             Err(_) => None,
         }
     }
@@ -171,8 +171,9 @@ impl PyOperation {
                 return;
             }
         };
-        if let Err(Error::TransferFailed(reason)) = op.wait_timeout(Duration::ZERO) {
-            *self.error.lock().unwrap_or_else(PoisonError::into_inner) = Some(reason);
+        if let Err(Error::TransferFailed { source }) = op.wait_timeout(Duration::ZERO) {
+            *self.error.lock().unwrap_or_else(PoisonError::into_inner) =
+                Some(with_sources(&*source));
         }
         match op.into_descriptors() {
             Ok(descriptors) => {
@@ -283,7 +284,7 @@ impl PyOperation {
                 None => SIGNAL_CHECK,
             };
             match py.detach(|| op.wait_timeout(chunk)) {
-                Ok(()) | Err(Error::Cancelled) | Err(Error::TransferFailed(_)) => {}
+                Ok(()) | Err(Error::Cancelled) | Err(Error::TransferFailed { .. }) => {}
                 Err(Error::TimedOut(_)) => py.check_signals()?,
                 Err(e) => return Err(to_py(e)),
             }
@@ -316,4 +317,16 @@ impl PyOperation {
     fn __len__(&self) -> usize {
         self.descriptors.len()
     }
+}
+
+/// `error` and the errors it came from, as one line.
+fn with_sources(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        line.push_str(": ");
+        line.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    line
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use backend_loopback::{Fabric, FaultInjector, LoopbackBackend};
 use descriptor_core::{
     Connector, EventHook, Exposure, ExposureId, Notification, OperationKind, RegionId,
-    RegistrationBackend, Result, Segment, TransferId, TransferRequest, TransferState,
+    RegistrationBackend, Release, Result, Segment, TransferId, TransferRequest, TransferState,
 };
 
 /// A backend method, as the hook sees it.
@@ -45,7 +45,7 @@ impl Call {
 }
 
 /// Runs before every call; for `release` it may answer instead of the backend.
-pub(crate) type Hook = Arc<dyn Fn(&LoopbackBackend, Call) -> Option<Result<bool>> + Send + Sync>;
+pub(crate) type Hook = Arc<dyn Fn(&LoopbackBackend, Call) -> Option<Result<Release>> + Send + Sync>;
 
 /// A loopback agent whose methods call `hook` first.
 pub(crate) struct Hooked {
@@ -56,7 +56,7 @@ pub(crate) struct Hooked {
 }
 
 impl Hooked {
-    fn call(&self, call: Call) -> Option<Result<bool>> {
+    fn call(&self, call: Call) -> Option<Result<Release>> {
         (self.hook)(&self.inner, call)
     }
 }
@@ -66,7 +66,7 @@ pub(crate) fn hooked(
     fabric: &Fabric,
     name: &str,
     event_driven: bool,
-    hook: impl Fn(&LoopbackBackend, Call) -> Option<Result<bool>> + Send + Sync + 'static,
+    hook: impl Fn(&LoopbackBackend, Call) -> Option<Result<Release>> + Send + Sync + 'static,
 ) -> (Connector, FaultInjector) {
     let inner = LoopbackBackend::new(fabric, name).unwrap();
     let faults = inner.faults();
@@ -123,7 +123,7 @@ impl RegistrationBackend for Hooked {
         self.call(Call::Poll(transfer));
         self.inner.poll(transfer)
     }
-    fn release(&self, transfer: TransferId) -> Result<bool> {
+    fn release(&self, transfer: TransferId) -> Result<Release> {
         match self.call(Call::Release(transfer)) {
             Some(answer) => answer,
             None => self.inner.release(transfer),

@@ -25,11 +25,12 @@ use super::held::Held;
 
 /// Interleavings with up to this many preemptions are explored exhaustively.
 const PREEMPTION_BOUND: Option<usize> = Some(6);
-use super::state::{OpShared, OperationStatus, Outcome, Pending};
+use super::state::{OpShared, OperationStatus, Outcome, Pending, Role};
 use crate::backend::{ExposureId, RegistrationBackend, TransferId, TransferState};
 use crate::error::Error;
+use crate::metadata::OperationKind;
 use crate::remote::{DEFAULT_MAX_IDLE_PEERS, RemoteCache};
-use crate::testing::{Release, Scripted};
+use crate::testing::{Script, Scripted};
 
 fn model(f: impl Fn() + Sync + Send + 'static) {
     let runs = Arc::new(StdAtomicUsize::new(0));
@@ -49,7 +50,10 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
 fn active(backend: &Arc<Scripted>) -> Arc<OpShared> {
     OpShared::new(
         Arc::clone(backend) as Arc<dyn RegistrationBackend>,
-        "read",
+        Role {
+            kind: OperationKind::Read,
+            passive: false,
+        },
         8,
         OperationStatus::InProgress,
         Pending::Transfer(TransferId(1)),
@@ -60,7 +64,10 @@ fn active(backend: &Arc<Scripted>) -> Arc<OpShared> {
 fn passive(backend: &Arc<Scripted>) -> Arc<OpShared> {
     OpShared::new(
         Arc::clone(backend) as Arc<dyn RegistrationBackend>,
-        "readable",
+        Role {
+            kind: OperationKind::Read,
+            passive: true,
+        },
         8,
         OperationStatus::Initialized,
         Pending::Exposure(ExposureId(1)),
@@ -143,7 +150,7 @@ fn loom_complete_races_cancel_and_drop() {
 fn loom_draining_memory_is_freed_only_once_released() {
     model(|| {
         let backend = Arc::new(Scripted::new(true, false));
-        backend.script_releases(&[Release::Busy]);
+        backend.script_releases(&[Script::Busy]);
         let op = active(&backend);
         let (d, freed) = backend.tracked(8);
         let held = Held::new(vec![d]);
@@ -178,7 +185,10 @@ fn loom_a_returning_waiter_finds_the_peer_released() {
         let lease = remotes.acquire(b"scripted agent").unwrap();
         let op = OpShared::new(
             Arc::clone(&backend) as Arc<dyn RegistrationBackend>,
-            "read",
+            Role {
+                kind: OperationKind::Read,
+                passive: false,
+            },
             8,
             OperationStatus::InProgress,
             Pending::Transfer(TransferId(1)),
@@ -219,7 +229,7 @@ impl Wake for Counting {
 /// engine completes (or fails) the transfer: both learn the outcome.
 #[test]
 fn loom_waiters_and_futures_with_changing_wakers_are_woken() {
-    for end in [TransferState::Done, TransferState::Failed("boom".into())] {
+    for end in [TransferState::Done, TransferState::failed("boom")] {
         model(move || {
             let backend = Arc::new(Scripted::new(true, false));
             backend.set_poll(end.clone());
@@ -249,7 +259,7 @@ fn loom_waiters_and_futures_with_changing_wakers_are_woken() {
             let pending = future.join().unwrap();
             match end {
                 TransferState::Done => assert!(waited.is_ok()),
-                _ => assert!(matches!(waited, Err(Error::TransferFailed(_)))),
+                _ => assert!(matches!(waited, Err(Error::TransferFailed { .. }))),
             }
             if pending {
                 assert_eq!(
@@ -280,7 +290,7 @@ fn loom_a_panic_in_release_leaks_and_wakes() {
     }));
     model(|| {
         let backend = Arc::new(Scripted::new(true, false));
-        backend.script_releases(&[Release::Panic]);
+        backend.script_releases(&[Script::Panic]);
         let op = active(&backend);
         let (d, freed) = backend.tracked(8);
         let held = Held::new(vec![d]);

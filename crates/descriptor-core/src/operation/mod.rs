@@ -133,21 +133,22 @@ impl Future for OperationFuture {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         let Some(core) = this.core.as_ref() else {
-            return Poll::Ready(Err(Error::InvalidDescriptor(
-                "the operation's descriptors were already returned".into(),
-            )));
+            return Poll::Ready(Err(Error::PolledAfterCompletion));
         };
         match core.shared.poll_settled(&mut this.slot, cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(result) => {
                 // Settled: the operation took every waker out already.
                 this.slot = None;
+                let backend = core.shared.backend_name();
                 let core = this.core.take();
                 match (result, core.map(OperationCore::into_descriptors)) {
                     (Ok(()), Some(Ok(descriptors))) => Poll::Ready(Ok(descriptors)),
                     (Err(e), _) => Poll::Ready(Err(e)),
-                    (Ok(()), _) => Poll::Ready(Err(Error::TransferFailed(
-                        "completed, but the backend did not release the memory; it is leaked, not returned".into(),
+                    (Ok(()), _) => Poll::Ready(Err(Error::backend(
+                        backend,
+                        "hand back the operation's memory",
+                        "the backend did not let go of it: it is leaked, never freed",
                     ))),
                 }
             }

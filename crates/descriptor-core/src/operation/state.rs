@@ -31,8 +31,9 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use super::held::Held;
-use crate::backend::{ExposureId, RegistrationBackend, TransferId, TransferState};
-use crate::error::{Error, Result};
+use crate::backend::{ExposureId, RegistrationBackend, Release, TransferId, TransferState};
+use crate::error::{Cause, Error, Result, SharedCause};
+use crate::metadata::OperationKind;
 use crate::remote::RemoteLease;
 use crate::sync::{AtomicU8, Condvar, Mutex, MutexGuard, Ordering};
 
@@ -76,12 +77,32 @@ impl OperationStatus {
     }
 }
 
+/// Which of the four operations this is, for logs: the direction and the side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Role {
+    /// What the peer does (passive) or what this side does (active).
+    pub(crate) kind: OperationKind,
+    /// A readable or writable (exposes memory) rather than a read or write.
+    pub(crate) passive: bool,
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match (self.kind, self.passive) {
+            (OperationKind::Read, true) => "readable",
+            (OperationKind::Write, true) => "writable",
+            (OperationKind::Read, false) => "read",
+            (OperationKind::Write, false) => "write",
+        })
+    }
+}
+
 /// How an operation ended.
 #[derive(Debug)]
 pub(crate) enum Outcome {
     Complete,
     Cancelled,
-    Failed(String),
+    Failed(SharedCause),
 }
 
 /// What the backend still holds of an operation's memory.
@@ -122,7 +143,7 @@ enum LetGo {
 struct OpState {
     /// The decided status (mirrored in `OpShared::status` for lock-free reads).
     status: OperationStatus,
-    error: Option<String>,
+    error: Option<SharedCause>,
     /// The outcome is decided and the backend was asked to let go: waiters
     /// may return.
     settled: bool,
@@ -140,9 +161,14 @@ impl OpState {
     fn result(&self) -> Result<()> {
         match self.status {
             OperationStatus::Complete => Ok(()),
-            OperationStatus::Errored => Err(Error::TransferFailed(
-                self.error.clone().unwrap_or_default(),
-            )),
+            OperationStatus::Errored => Err(match &self.error {
+                Some(source) => Error::TransferFailed {
+                    source: Arc::clone(source),
+                },
+                None => Error::TransferFailed {
+                    source: Arc::from(Cause::from("no reason given")),
+                },
+            }),
             _ => Err(Error::Cancelled),
         }
     }
@@ -199,7 +225,7 @@ pub(crate) struct OpShared {
     status: AtomicU8,
     state: Mutex<OpState>,
     settled: Condvar,
-    kind: &'static str,
+    role: Role,
     bytes: usize,
     started: Instant,
 }
@@ -207,7 +233,7 @@ pub(crate) struct OpShared {
 impl OpShared {
     pub(crate) fn new(
         backend: Arc<dyn RegistrationBackend>,
-        kind: &'static str,
+        role: Role,
         bytes: usize,
         status: OperationStatus,
         pending: Pending,
@@ -227,7 +253,7 @@ impl OpShared {
                 next_slot: 0,
             }),
             settled: Condvar::new(),
-            kind,
+            role,
             bytes,
             started: Instant::now(),
         })
@@ -238,6 +264,11 @@ impl OpShared {
         // to the state is a single assignment, so a poisoned lock (a panic
         // while it was held) still guards consistent state.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The backend's transport name, for errors.
+    pub(crate) fn backend_name(&self) -> &'static str {
+        self.backend.backend_name()
     }
 
     /// The current status; a lock-free read that never waits.
@@ -295,7 +326,7 @@ impl OpShared {
             Ok(pending) => self.publish(pending),
             Err(panic) => {
                 tracing::error!(
-                    op = self.kind,
+                    op = %self.role,
                     "the backend panicked while letting go of the operation's memory; leaking it"
                 );
                 self.publish(Some(Pending::Leaked));
@@ -308,8 +339,8 @@ impl OpShared {
         match let_go {
             LetGo::Nothing => None,
             LetGo::Release(id) => Some(match self.backend.release(id) {
-                Ok(true) => Pending::Nothing,
-                Ok(false) => Pending::Draining(id),
+                Ok(Release::LetGo) => Pending::Nothing,
+                Ok(Release::StillRunning) => Pending::Draining(id),
                 Err(error) => {
                     tracing::error!(%error, transfer = id.0, "the backend lost a transfer; its memory will be leaked, not freed");
                     Pending::Leaked
@@ -355,11 +386,11 @@ impl OpShared {
             st.settled = true;
             if first {
                 tracing::debug!(
-                    op = self.kind,
+                    op = %self.role,
                     status = ?st.status,
                     bytes = self.bytes,
                     elapsed_us = self.started.elapsed().as_micros() as u64,
-                    reason = st.error.as_deref().unwrap_or(""),
+                    reason = st.error.as_ref().map(ToString::to_string).unwrap_or_default(),
                     pending = ?st.pending,
                     "operation finished"
                 );
@@ -370,7 +401,7 @@ impl OpShared {
         for (_, waker) in wakers {
             if catch_unwind(AssertUnwindSafe(|| waker.wake())).is_err() {
                 tracing::error!(
-                    op = self.kind,
+                    op = %self.role,
                     "a waker panicked; the operation ended regardless"
                 );
             }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use super::state::Pending;
 use crate::backend::{Notification, RegistrationBackend, TransferState};
-use crate::testing::{Release, Scripted};
+use crate::testing::{Script, Scripted};
 use crate::{
     Connector, Descriptor, Device, Error, OperationKind, OperationStatus, RdmaMetadata,
     SerializedDescriptor,
@@ -66,7 +66,7 @@ fn a_draining_transfer_keeps_its_memory_until_the_backend_lets_go() {
     let backend = Arc::new(Scripted::new(true, false));
     let c = connector(&backend);
     let (local, freed) = backend.tracked(512);
-    backend.script_releases(&[Release::Busy, Release::Busy, Release::Busy]);
+    backend.script_releases(&[Script::Busy, Script::Busy, Script::Busy]);
     let read = c.begin_read(&remote(512), vec![local]).unwrap();
     assert_eq!(read.status(), OperationStatus::InProgress);
     read.cancel();
@@ -92,7 +92,7 @@ fn a_draining_transfer_hands_its_memory_back_once_released() {
     let backend = Arc::new(Scripted::new(true, false));
     let c = connector(&backend);
     let (local, freed) = backend.tracked(64);
-    backend.script_releases(&[Release::Busy]);
+    backend.script_releases(&[Script::Busy]);
     let read = c.begin_read(&remote(64), vec![local]).unwrap();
     read.cancel();
     let mut read = read;
@@ -119,7 +119,7 @@ fn a_transfer_the_backend_lost_is_leaked_never_freed() {
     let backend = Arc::new(Scripted::new(true, false));
     let c = connector(&backend);
     let (local, freed) = backend.tracked(64);
-    backend.script_releases(&[Release::Lost]);
+    backend.script_releases(&[Script::Lost]);
     let read = c.begin_read(&remote(64), vec![local]).unwrap();
     read.cancel();
     assert!(matches!(read.wait(), Err(Error::Cancelled)));
@@ -134,7 +134,7 @@ fn a_panic_in_release_leaks_the_memory_and_still_wakes_waiters() {
     let backend = Arc::new(Scripted::new(true, false));
     let c = connector(&backend);
     let (local, freed) = backend.tracked(64);
-    backend.script_releases(&[Release::Panic]);
+    backend.script_releases(&[Script::Panic]);
     let read = Arc::new(c.begin_read(&remote(64), vec![local]).unwrap());
     let waiter = {
         let read = Arc::clone(&read);
@@ -164,7 +164,7 @@ fn a_panic_in_release_while_dropping_leaks_the_memory() {
     let backend = Arc::new(Scripted::new(true, false));
     let c = connector(&backend);
     let (local, freed) = backend.tracked(64);
-    backend.script_releases(&[Release::Panic]);
+    backend.script_releases(&[Script::Panic]);
     let read = c.begin_read(&remote(64), vec![local]).unwrap();
     assert!(catch_unwind(AssertUnwindSafe(move || drop(read))).is_err());
     drop(c);
