@@ -3,7 +3,6 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
 
 use descriptor_core::{
     Error, EventHook, Exposure, ExposureId, Notification, OperationKind, RegionId,
@@ -12,7 +11,6 @@ use descriptor_core::{
 
 use crate::blob;
 use crate::fabric::{Agent, Fabric, Grant, IdMap, LoadedPeer, lock, next_id};
-use crate::faults::FaultInjector;
 
 const NAME: &str = "loopback";
 const MAX_AGENT_NAME: usize = 255;
@@ -24,12 +22,14 @@ const MAX_AGENT_NAME: usize = 255;
 /// transfer against them, so a forged pointer or size is an error, never a memory
 /// access. A readable's regions can only be read and a writable's only written,
 /// only by agents that loaded that operation's metadata, and only until the
-/// operation ends. Completion and notifications are asynchronous, as with NIXL.
+/// operation ends. As with NIXL, the connector learns of completion by polling
+/// and of a peer's notification through the event hook.
 pub struct LoopbackBackend {
     fabric: Fabric,
     agent: Arc<Agent>,
     local: Mutex<LocalRegions>,
-    transfers: Mutex<IdMap<u64, Arc<Transfer>>>,
+    /// Posted transfers (each copied in `post`) until released.
+    transfers: Mutex<IdMap<u64, TransferState>>,
 }
 
 #[derive(Default)]
@@ -82,13 +82,6 @@ impl LoopbackBackend {
     /// The fabric this agent is on.
     pub fn fabric(&self) -> &Fabric {
         &self.fabric
-    }
-
-    /// Arms faults on this agent (take it before moving the backend into a connector).
-    pub fn faults(&self) -> FaultInjector {
-        FaultInjector {
-            agent: Arc::clone(&self.agent),
-        }
     }
 
     fn gone(&self, context: impl Into<String>) -> Error {
@@ -206,7 +199,6 @@ impl LoopbackBackend {
             exposures,
             pairs,
             notification: request.notification.to_vec(),
-            drop_notification: false,
         })
     }
 }
@@ -248,7 +240,6 @@ struct Job {
     /// (local addr, remote addr, len, index into `grants`)
     pairs: Vec<(usize, usize, usize, usize)>,
     notification: Vec<u8>,
-    drop_notification: bool,
 }
 
 impl Job {
@@ -273,9 +264,9 @@ impl Job {
             // regions) and exposed to us; the grant's read lock keeps the exposure
             // live, and the peer frees that memory only after revoking it. The local
             // range lies inside a region registered with this agent, valid (and
-            // writable when READ into) until `release` returns `Ok(true)`
-            // (`post`'s contract), which it does not while this copy runs
-            // (`Stage::Running`). `copy` tolerates overlap.
+            // writable when READ into) until `release` returns `LetGo` for the
+            // transfer (`post`'s contract), which cannot happen before `post`,
+            // which runs this copy, has returned. `copy` tolerates overlap.
             unsafe {
                 std::ptr::copy(
                     std::ptr::with_exposed_provenance::<u8>(src),
@@ -284,56 +275,12 @@ impl Job {
                 );
             }
         }
-        if self.drop_notification {
-            tracing::debug!(peer = %self.peer.name, "fault injection: dropping the notification");
-        } else {
-            self.peer.notify(Notification {
-                from: self.from,
-                payload: self.notification,
-                exposures: self.exposures,
-            });
-        }
+        self.peer.notify(Notification {
+            from: self.from,
+            payload: self.notification,
+            exposures: self.exposures,
+        });
         TransferState::Done
-    }
-}
-
-/// A posted transfer. Its lock guards only its stage: bytes move with no lock
-/// of the transfer held (the copy notifies the peer, whose event hook may call
-/// straight back into this backend), so `release` of a running copy answers
-/// "not yet" instead of waiting for it.
-struct Transfer {
-    state: Mutex<Stage>,
-}
-
-enum Stage {
-    /// Waiting for an injected delay; releasing it now means it never runs.
-    Delayed(Box<Job>),
-    /// Copying right now, in the delay thread.
-    Running,
-    Finished(TransferState),
-    Released,
-}
-
-impl Transfer {
-    fn stage(&self) -> std::sync::MutexGuard<'_, Stage> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn run_delayed(&self, agent: &Agent) {
-        let job = {
-            let mut stage = self.stage();
-            match std::mem::replace(&mut *stage, Stage::Running) {
-                Stage::Delayed(job) => job,
-                // Released before its time: it never runs.
-                other => {
-                    *stage = other;
-                    return;
-                }
-            }
-        };
-        let state = job.run();
-        *self.stage() = Stage::Finished(state);
-        agent.signal();
     }
 }
 
@@ -500,64 +447,23 @@ impl RegistrationBackend for LoopbackBackend {
         if self.agent.is_gone() {
             return Err(self.gone(format!("post {:?}", request.op)));
         }
-        let mut job = self.plan(request)?;
-        let faults = std::mem::take(&mut *lock(&self.agent.faults));
-        job.drop_notification = faults.drop_notification;
+        // The copy runs here, with no lock of this backend held: it notifies
+        // the peer, whose event hook may call straight back into this backend.
+        let state = self.plan(request)?.run();
         let id = next_id();
-        let stage = match (faults.fail, faults.delay) {
-            (Some(reason), _) => Stage::Finished(TransferState::failed(reason)),
-            (None, Some(_)) => Stage::Delayed(Box::new(job)),
-            (None, None) => Stage::Finished(job.run()),
-        };
-        let delayed = matches!(stage, Stage::Delayed(_));
-        let transfer = Arc::new(Transfer {
-            state: Mutex::new(stage),
-        });
-        lock(&self.transfers).insert(id, Arc::clone(&transfer));
-        if delayed {
-            let agent = Arc::clone(&self.agent);
-            let delay = faults.delay.unwrap_or(Duration::ZERO);
-            let deadline = Instant::now() + delay;
-            let spawned = std::thread::Builder::new()
-                .name("loopback-delay".into())
-                .spawn(move || {
-                    std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
-                    transfer.run_delayed(&agent);
-                });
-            if let Err(error) = spawned {
-                lock(&self.transfers).remove(&id);
-                return Err(Error::backend(NAME, "delay a transfer", error.to_string()));
-            }
-        }
+        lock(&self.transfers).insert(id, state);
         Ok(TransferId(id))
     }
 
     fn poll(&self, transfer: TransferId) -> TransferState {
-        let Some(t) = lock(&self.transfers).get(&transfer.0).cloned() else {
-            return TransferState::failed(format!("unknown transfer {}", transfer.0));
-        };
-        let stage = t.stage();
-        match &*stage {
-            Stage::Delayed(_) | Stage::Running => TransferState::InProgress,
-            Stage::Finished(state) => state.clone(),
-            Stage::Released => TransferState::failed("released"),
-        }
+        lock(&self.transfers)
+            .get(&transfer.0)
+            .cloned()
+            .unwrap_or_else(|| TransferState::failed(format!("unknown transfer {}", transfer.0)))
     }
 
     fn release(&self, transfer: TransferId) -> Result<Release> {
-        let Some(t) = lock(&self.transfers).get(&transfer.0).cloned() else {
-            return Ok(Release::LetGo);
-        };
-        {
-            let mut stage = t.stage();
-            if let Stage::Running = *stage {
-                // The copy cannot be stopped halfway: the engine asks again
-                // once it has finished (the delay thread signals then).
-                return Ok(Release::StillRunning);
-            }
-            // A delayed copy that has not started never will.
-            *stage = Stage::Released;
-        }
+        // Every copy ended in `post`: nothing is left to stop.
         lock(&self.transfers).remove(&transfer.0);
         Ok(Release::LetGo)
     }

@@ -7,8 +7,6 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock, RwLockRea
 
 use descriptor_core::{EventHook, Notification, OperationKind, RegionId, Segment};
 
-use crate::faults::FaultPlan;
-
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 pub(crate) fn next_id() -> u64 {
@@ -109,29 +107,6 @@ impl Fabric {
         Some((agent.regions.load(Ordering::Relaxed), grants))
     }
 
-    /// Makes an agent vanish as if its process died: it leaves the fabric, every
-    /// exposure it made is revoked, its pending notifications are lost, and its own
-    /// transfers fail from now on. Returns false if no such agent is on the fabric.
-    pub fn vanish(&self, name: &str) -> bool {
-        let Some(agent) = lock(&self.inner.agents).remove(name) else {
-            return false;
-        };
-        agent.vanished.store(true, Ordering::Release);
-        let grants: Vec<Arc<Grant>> = agent
-            .grants
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .drain()
-            .map(|(_, g)| g)
-            .collect();
-        for grant in grants {
-            grant.revoke();
-        }
-        lock(&agent.inbox).clear();
-        tracing::info!(agent = name, "loopback agent vanished");
-        true
-    }
-
     pub(crate) fn join(&self, agent: Arc<Agent>) -> bool {
         let mut agents = lock(&self.inner.agents);
         if agents.contains_key(&agent.name) {
@@ -166,7 +141,6 @@ pub(crate) struct Agent {
     pub(crate) loaded: Mutex<HashMap<String, LoadedPeer>>,
     pub(crate) inbox: Mutex<Vec<Notification>>,
     pub(crate) hook: OnceLock<EventHook>,
-    pub(crate) faults: Mutex<FaultPlan>,
 }
 
 impl Agent {
@@ -180,7 +154,6 @@ impl Agent {
             loaded: Mutex::new(HashMap::new()),
             inbox: Mutex::new(Vec::new()),
             hook: OnceLock::new(),
-            faults: Mutex::new(FaultPlan::default()),
         }
     }
 

@@ -3,9 +3,9 @@
 //!
 //! Agents join a [`Fabric`] (an explicit one, or [`Fabric::global`]); a transfer
 //! is a real `memcpy` between host buffers, made only after checking every range
-//! against what both agents registered and exposed. Completion and notifications
-//! are asynchronous, as with NIXL, and a [`FaultInjector`] can fail or delay
-//! transfers, drop notifications, and make agents vanish.
+//! against what both agents registered and exposed. To fail or delay transfers, drop
+//! notifications or make an agent vanish, wrap the backend in
+//! `descriptor_core::faults::Faulty` (feature `faults`).
 //!
 //! ```
 //! use backend_loopback::{Fabric, LoopbackBackend};
@@ -27,8 +27,6 @@
 mod backend;
 mod blob;
 mod fabric;
-mod faults;
 
 pub use backend::LoopbackBackend;
 pub use fabric::Fabric;
-pub use faults::FaultInjector;

@@ -1,42 +1,26 @@
 //! The descriptor-core conformance suite on the loopback backend.
 #![allow(clippy::unwrap_used)]
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::Duration;
-
-use backend_loopback::{Fabric, FaultInjector, LoopbackBackend};
-use descriptor_core::Connector;
+use backend_loopback::{Fabric, LoopbackBackend};
+use descriptor_core::RegistrationBackend;
 use descriptor_core::conformance::{self, Harness};
 use rstest::rstest;
 
 struct Loopback {
     fabric: Fabric,
-    faults: Mutex<HashMap<String, FaultInjector>>,
 }
 
 impl Loopback {
     fn new() -> Loopback {
         Loopback {
             fabric: Fabric::new(),
-            faults: Mutex::new(HashMap::new()),
         }
     }
 }
 
 impl Harness for Loopback {
-    fn connector(&self, name: &str) -> Connector {
-        let backend = LoopbackBackend::new(&self.fabric, name).unwrap();
-        self.faults
-            .lock()
-            .unwrap()
-            .insert(name.to_owned(), backend.faults());
-        Connector::new(backend)
-    }
-
-    fn delay_next_transfer(&self, name: &str, delay: Duration) -> bool {
-        self.faults.lock().unwrap()[name].delay_next_transfer(delay);
-        true
+    fn backend(&self, name: &str) -> Box<dyn RegistrationBackend> {
+        Box::new(LoopbackBackend::new(&self.fabric, name).unwrap())
     }
 }
 
@@ -112,11 +96,33 @@ fn sixteen_threads_of_mixed_operations() {
     } else {
         1_000
     };
-    let grew = conformance::load(&Loopback::new(), 16, per_thread);
+    let before = test_support::rss_bytes();
+    conformance::load(&Loopback::new(), 16, per_thread);
+    let grew = test_support::rss_bytes() as i64 - before as i64;
     eprintln!("loopback load: 16 x {per_thread} operations, resident memory grew {grew} bytes");
 }
 
 #[test]
 fn cancel_and_drop_race_completion_two_thousand_times() {
     conformance::cancel_and_drop_race_completion(&Loopback::new(), 2000);
+}
+
+#[test]
+fn injected_failure_errors_the_operation_and_moves_nothing() {
+    conformance::injected_failure_errors_the_operation_and_moves_nothing(&Loopback::new());
+}
+
+#[test]
+fn delayed_transfer_is_in_progress_then_complete() {
+    conformance::delayed_transfer_is_in_progress_then_complete(&Loopback::new());
+}
+
+#[test]
+fn dropped_notification_leaves_the_passive_side_waiting() {
+    conformance::dropped_notification_leaves_the_passive_side_waiting(&Loopback::new());
+}
+
+#[test]
+fn vanished_peer_completes_nothing() {
+    conformance::vanished_peer_completes_nothing(&Loopback::new());
 }

@@ -16,17 +16,18 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
-use backend_loopback::{Fabric, FaultInjector};
+use backend_loopback::Fabric;
 use common::hooked;
 use descriptor_core::Connector;
 use descriptor_core::conformance::{filled, pattern, zeroed_one};
+use descriptor_core::faults::Faults;
 use rstest::rstest;
 
 const BOUND: Duration = Duration::from_secs(20);
 
 struct Side {
     connector: Connector,
-    faults: FaultInjector,
+    faults: Faults,
     /// The method that panics the next time it is called (then disarmed).
     armed: Arc<Mutex<Option<&'static str>>>,
     fired: Arc<AtomicUsize>,

@@ -1,8 +1,8 @@
 //! Regression tests from the review (issue "Hardening", defects 3, 4, 5):
 //! deadlocks. Each scenario runs in a worker thread; the test thread waits
 //! with a bound, so a deadlock fails the test instead of hanging the harness.
-//! Fixed by calling no backend, hook or waker with a lock held (loopback's
-//! delay thread copies outside its transfer lock; the operation lock is never
+//! Fixed by calling no backend, hook or waker with a lock held (the fault
+//! wrapper's delay thread posts outside its lock; the operation lock is never
 //! held across `poll`/`release`/`revoke`; wakers are woken after unlocking).
 #![allow(clippy::unwrap_used, clippy::panic)]
 
@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use backend_loopback::{Fabric, LoopbackBackend};
 use descriptor_core::conformance::{filled, zeroed_one};
+use descriptor_core::faults::Faulty;
 use descriptor_core::{Connector, OperationFuture};
 
 /// Runs `f` on a thread; returns its result, or None if it did not finish in `limit`.
@@ -33,7 +34,7 @@ fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'st
 fn self_read_with_delay_completes() {
     let done = within(Duration::from_secs(10), || {
         let fabric = Fabric::new();
-        let backend = LoopbackBackend::new(&fabric, "solo").unwrap();
+        let backend = Faulty::new(LoopbackBackend::new(&fabric, "solo").unwrap());
         let faults = backend.faults();
         let c = Connector::new(backend);
         let readable = c.create_readable(filled(1, 4096)).unwrap();
@@ -57,8 +58,8 @@ fn self_read_with_delay_completes() {
 fn crossed_delayed_reads_complete() {
     let done = within(Duration::from_secs(15), || {
         let fabric = Fabric::new();
-        let ba = LoopbackBackend::new(&fabric, "a").unwrap();
-        let bb = LoopbackBackend::new(&fabric, "b").unwrap();
+        let ba = Faulty::new(LoopbackBackend::new(&fabric, "a").unwrap());
+        let bb = Faulty::new(LoopbackBackend::new(&fabric, "b").unwrap());
         let (fa, fb) = (ba.faults(), bb.faults());
         let (a, b) = (Connector::new(ba), Connector::new(bb));
         const N: usize = 32 << 20;

@@ -19,17 +19,14 @@ use std::time::Duration;
 use backend_loopback::Fabric;
 use common::{Call, hooked};
 use descriptor_core::conformance::{filled, zeroed_one};
+use descriptor_core::faults::Faults;
 use descriptor_core::{Connector, OperationStatus};
 
 type Probe = Arc<dyn Fn(&'static str) + Send + Sync>;
 
 /// A loopback connector that runs `probe` (once set) inside `poll`,
 /// `release` and `revoke`.
-fn probed(
-    fabric: &Fabric,
-    name: &str,
-    probe: &Arc<Mutex<Option<Probe>>>,
-) -> (Connector, backend_loopback::FaultInjector) {
+fn probed(fabric: &Fabric, name: &str, probe: &Arc<Mutex<Option<Probe>>>) -> (Connector, Faults) {
     let probe = Arc::clone(probe);
     hooked(fabric, name, true, move |_, call| {
         if matches!(call, Call::Poll(_) | Call::Release(_) | Call::Revoke) {

@@ -16,9 +16,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
-use backend_loopback::{Fabric, FaultInjector, LoopbackBackend};
+use backend_loopback::{Fabric, LoopbackBackend};
 use common::{Call, hooked};
 use descriptor_core::conformance::filled;
+use descriptor_core::faults::Faults;
 use descriptor_core::{Connector, Descriptor, OperationStatus, RegistrationBackend, Release};
 
 #[derive(Clone, Copy, PartialEq)]
@@ -33,7 +34,7 @@ enum Mode {
 }
 
 /// A loopback agent that behaves as `mode` says.
-fn wrapped(fabric: &Fabric, name: &str, mode: Mode) -> (Connector, FaultInjector) {
+fn wrapped(fabric: &Fabric, name: &str, mode: Mode) -> (Connector, Faults) {
     let armed = AtomicBool::new(true);
     hooked(fabric, name, mode != Mode::Polled, move |inner, call| {
         let Call::Release(transfer) = call else {

@@ -2,12 +2,10 @@
 //! Dynamo-style full agent metadata and once with exposure-scoped metadata.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use backend_nixl::MetadataScope;
-use common::{Nixl, runtime_available};
 use descriptor_core::conformance;
 use rstest::rstest;
+use test_support::{Nixl, runtime_available};
 
 macro_rules! suite {
     ($($name:ident => |$h:ident| $body:expr;)*) => {
@@ -41,12 +39,18 @@ suite! {
     sixteen_threads_times_two_hundred_operations_to_one_peer => |h| conformance::concurrent_operations_share_one_peer(h, 16, 200);
     metadata_round_trips_through_json => |h| conformance::metadata_round_trips_through_json(h);
     operations_are_futures => |h| conformance::operations_are_futures(h);
+    injected_failure_errors_the_operation_and_moves_nothing => |h| conformance::injected_failure_errors_the_operation_and_moves_nothing(h);
+    delayed_transfer_is_in_progress_then_complete => |h| conformance::delayed_transfer_is_in_progress_then_complete(h);
+    dropped_notification_leaves_the_passive_side_waiting => |h| conformance::dropped_notification_leaves_the_passive_side_waiting(h);
+    vanished_peer_completes_nothing => |h| conformance::vanished_peer_completes_nothing(h);
 }
 
 #[test]
 fn four_threads_times_a_thousand_mixed_operations() {
     if runtime_available() {
-        let grew = conformance::load(&Nixl::new(MetadataScope::Agent), 4, 1000);
+        let before = test_support::rss_bytes();
+        conformance::load(&Nixl::new(MetadataScope::Agent), 4, 1000);
+        let grew = test_support::rss_bytes() as i64 - before as i64;
         eprintln!("nixl load: 4,000 operations, resident memory grew {grew} bytes");
     }
 }

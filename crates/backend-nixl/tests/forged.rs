@@ -3,15 +3,13 @@
 //! enforce is pinned down here so the README's account stays true.
 #![allow(clippy::unwrap_used, clippy::panic)]
 
-mod common;
-
 use backend_nixl::MetadataScope;
-use common::{Nixl, runtime_available};
 use descriptor_core::conformance::{
     Harness, filled, forge, pattern, rekeyed, shifted, zeroed_one as zeroed,
 };
-use descriptor_core::{Descriptor, Error, OperationKind, RdmaMetadata};
+use descriptor_core::{Connector, Descriptor, Error, OperationKind, RdmaMetadata};
 use std::time::Duration;
+use test_support::{Nixl, runtime_available};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -29,7 +27,10 @@ fn ranges_outside_the_exposed_regions_are_refused_and_nothing_is_written() {
     }
     for scope in [MetadataScope::Agent, MetadataScope::Exposed] {
         let h = Nixl::new(scope);
-        let (server, client) = (h.connector("server"), h.connector("client"));
+        let (server, client) = (
+            Connector::new(h.backend("server")),
+            Connector::new(h.backend("client")),
+        );
         let writable = server.create_writable(zeroed(4096)).unwrap();
         let meta = writable.metadata();
         assert_refused(client.begin_write(
@@ -61,7 +62,10 @@ fn garbage_agent_metadata_is_an_error_not_a_crash() {
         return;
     }
     let h = Nixl::new(MetadataScope::Agent);
-    let (server, client) = (h.connector("server"), h.connector("client"));
+    let (server, client) = (
+        Connector::new(h.backend("server")),
+        Connector::new(h.backend("client")),
+    );
     let readable = server.create_readable(filled(5, 64)).unwrap();
     let meta = readable.metadata();
     for blob in [
@@ -87,7 +91,10 @@ fn scoped_metadata_keeps_a_peer_out_of_another_operations_memory() {
         return;
     }
     let h = Nixl::new(MetadataScope::Exposed);
-    let (server, client) = (h.connector("server"), h.connector("client"));
+    let (server, client) = (
+        Connector::new(h.backend("server")),
+        Connector::new(h.backend("client")),
+    );
     let mine = server.create_writable(zeroed(4096)).unwrap();
     let other = server.create_writable(zeroed(4096)).unwrap();
     let forged = forge(
@@ -108,7 +115,10 @@ fn what_nixl_does_not_enforce() {
         return;
     }
     let h = Nixl::new(MetadataScope::Agent);
-    let (server, client) = (h.connector("server"), h.connector("client"));
+    let (server, client) = (
+        Connector::new(h.backend("server")),
+        Connector::new(h.backend("client")),
+    );
     // Another operation's region (registered before this one's metadata was
     // made), through this operation's full agent metadata.
     let other = server.create_writable(zeroed(4096)).unwrap();

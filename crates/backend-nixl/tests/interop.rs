@@ -2,17 +2,15 @@
 //! peer written against the official NIXL Python API (tests/interop/dynamo_peer.py).
 #![allow(clippy::unwrap_used, clippy::panic)]
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
 use backend_nixl::NixlBackend;
-use common::{Peer, crc32, runtime_available};
 use descriptor_core::conformance::pattern;
 use descriptor_core::{Connector, Descriptor, RdmaMetadata};
 use rstest::rstest;
+use test_support::{Peer, crc32_of, runtime_available};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -51,7 +49,7 @@ fn python_dynamo_peer_reads_a_rust_readable() {
     }
     let rust = connector("readable");
     let source = blocks(1, &[1 << 20, 1 << 20, 4097, 3]);
-    let expected = crc32(&source);
+    let expected = crc32_of(&source);
     let readable = rust.create_readable(source).unwrap();
 
     let mut python = python_peer(&["read"]);
@@ -103,7 +101,7 @@ fn rust_writes_a_python_dynamo_writable(#[values(false, true)] legacy_hex: bool)
 
     let rust = connector(if legacy_hex { "writer-hex" } else { "writer" });
     let source = blocks(2, &sizes);
-    let expected = crc32(&source);
+    let expected = crc32_of(&source);
     let write = rust.begin_write(source, &metadata).unwrap();
     write.wait_timeout(WAIT).unwrap();
 

@@ -3,14 +3,12 @@
 //! case runs this test binary again as a child and reads its stderr.
 #![allow(clippy::unwrap_used, clippy::panic, clippy::print_stdout)]
 
-mod common;
-
 use std::process::Command;
 
 use backend_nixl::{LogLevel, NixlBackend};
-use common::runtime_available;
 use descriptor_core::conformance::{filled, forge, shifted, zeroed_one};
 use descriptor_core::{Connector, Error, OperationKind};
+use test_support::runtime_available;
 
 const CHILD: &str = "NIXL_LOG_LEVEL_CHILD";
 

@@ -3,15 +3,13 @@
 //! old incarnation loaded, idle.
 #![allow(clippy::unwrap_used, clippy::panic)]
 
-mod common;
-
 use backend_nixl::NixlBackend;
 use descriptor_core::Connector;
 use descriptor_core::conformance::{filled, pattern, zeroed_one};
 
 #[test]
 fn a_peer_restarted_under_the_same_name_is_reached_again() {
-    if !common::runtime_available() {
+    if !test_support::runtime_available() {
         return;
     }
     let name = format!("restarted-{}", std::process::id());

@@ -285,3 +285,59 @@ pub trait RegistrationBackend: Send + Sync + 'static {
         false
     }
 }
+
+/// A boxed backend is a backend: harnesses and programs that pick the
+/// transport at run time hold a `Box<dyn RegistrationBackend>`.
+impl<B: RegistrationBackend + ?Sized> RegistrationBackend for Box<B> {
+    fn backend_name(&self) -> &'static str {
+        (**self).backend_name()
+    }
+    fn agent_name(&self) -> &str {
+        (**self).agent_name()
+    }
+    unsafe fn register(&self, region: &Segment, writable: bool) -> Result<RegionId> {
+        // SAFETY: our caller's contract is the boxed backend's.
+        unsafe { (**self).register(region, writable) }
+    }
+    fn deregister(&self, region: RegionId) -> Result<()> {
+        (**self).deregister(region)
+    }
+    unsafe fn expose(&self, regions: &[RegionId], access: OperationKind) -> Result<Exposure> {
+        // SAFETY: our caller's contract is the boxed backend's.
+        unsafe { (**self).expose(regions, access) }
+    }
+    fn revoke(&self, exposure: ExposureId) -> Result<()> {
+        (**self).revoke(exposure)
+    }
+    fn revocation_enforced(&self) -> bool {
+        (**self).revocation_enforced()
+    }
+    fn load_remote(&self, agent_metadata: &[u8]) -> Result<String> {
+        (**self).load_remote(agent_metadata)
+    }
+    fn unload_remote(&self, peer: &str) -> Result<()> {
+        (**self).unload_remote(peer)
+    }
+    fn peer_name(&self, agent_metadata: &[u8]) -> Option<String> {
+        (**self).peer_name(agent_metadata)
+    }
+    unsafe fn post(&self, request: &TransferRequest<'_>) -> Result<TransferId> {
+        // SAFETY: our caller's contract is the boxed backend's.
+        unsafe { (**self).post(request) }
+    }
+    fn poll(&self, transfer: TransferId) -> TransferState {
+        (**self).poll(transfer)
+    }
+    fn release(&self, transfer: TransferId) -> Result<Release> {
+        (**self).release(transfer)
+    }
+    fn drain_notifications(&self, sink: &mut dyn FnMut(Notification)) -> Result<()> {
+        (**self).drain_notifications(sink)
+    }
+    fn wait_assist(&self) -> std::time::Duration {
+        (**self).wait_assist()
+    }
+    fn set_event_hook(&self, hook: EventHook) -> bool {
+        (**self).set_event_hook(hook)
+    }
+}

@@ -66,6 +66,9 @@ mod testing;
 #[cfg(feature = "conformance")]
 #[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub mod conformance;
+#[cfg(feature = "faults")]
+#[cfg_attr(docsrs, doc(cfg(feature = "faults")))]
+pub mod faults;
 
 pub use backend::{
     EventHook, Exposure, ExposureId, Notification, RegionId, RegistrationBackend, Release, Segment,

@@ -5,8 +5,9 @@ use std::path::PathBuf;
 
 use std::time::Duration;
 
-use backend_loopback::{Fabric, FaultInjector, LoopbackBackend};
+use backend_loopback::{Fabric, LoopbackBackend};
 use backend_nixl::NixlBackend;
+use descriptor_core::faults::{Faults, Faulty};
 use descriptor_core::{Connector, Descriptor};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -23,8 +24,8 @@ pub(crate) const BACKENDS: &[&str] = &["nixl", "loopback"];
 #[pyclass(frozen, module = "nixl_connect._native", name = "Connector")]
 pub(crate) struct PyConnector {
     inner: Connector,
-    /// Fault injection for tests (loopback only).
-    faults: Option<FaultInjector>,
+    /// Fault injection for tests (loopback connectors run under [`Faulty`]).
+    faults: Option<Faults>,
 }
 
 impl PyConnector {
@@ -32,7 +33,7 @@ impl PyConnector {
         &self.inner
     }
 
-    fn faults(&self) -> PyResult<&FaultInjector> {
+    fn faults(&self) -> PyResult<&Faults> {
         self.faults
             .as_ref()
             .ok_or_else(|| PyRuntimeError::new_err("fault injection is for loopback connectors"))
@@ -103,6 +104,7 @@ impl PyConnector {
         let inner = match backend {
             "loopback" => {
                 let backend = LoopbackBackend::new(&Fabric::global(), name).map_err(to_py)?;
+                let backend = Faulty::new(backend);
                 faults = Some(backend.faults());
                 Connector::new(backend)
             }
@@ -131,7 +133,8 @@ impl PyConnector {
     }
 
     /// Testing hook (loopback only): the next transfer this connector posts
-    /// stays in progress for `seconds` before moving any byte.
+    /// stays in progress for `seconds` before moving any byte (cancelled
+    /// meanwhile, it never moves one).
     fn _delay_next_transfer(&self, seconds: f64) -> PyResult<()> {
         let delay = Duration::try_from_secs_f64(seconds)
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
@@ -139,8 +142,8 @@ impl PyConnector {
         Ok(())
     }
 
-    /// Testing hook (loopback only): the notification of the next transfer
-    /// this connector completes is lost.
+    /// Testing hook (loopback only): the next transfer this connector posts
+    /// moves its bytes but its notification is lost.
     fn _drop_next_notification(&self) -> PyResult<()> {
         self.faults()?.drop_next_notification();
         Ok(())

@@ -10,9 +10,9 @@ use std::time::Instant;
 
 use backend_loopback::{Fabric, LoopbackBackend};
 use backend_nixl::NixlBackend;
-use descriptor_core::conformance::pattern;
 use descriptor_core::{Connector, Descriptor, Device, DeviceProbe, Error};
 use device_cuda::{CudaBuffer, CudaProbe};
+use test_support::pattern;
 
 type Res<T> = Result<T, String>;
 

@@ -1,11 +1,12 @@
 //! Shared by the loopback integration tests: [`Hooked`], a loopback agent
-//! whose trait methods first call a test's hook (to panic, probe, or answer
-//! `release` as NIXL would).
+//! (under [`Faulty`], so faults can be armed) whose trait methods first call a
+//! test's hook (to panic, probe, or answer `release` as NIXL would).
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::sync::Arc;
 
-use backend_loopback::{Fabric, FaultInjector, LoopbackBackend};
+use backend_loopback::{Fabric, LoopbackBackend};
+use descriptor_core::faults::{Faults, Faulty};
 use descriptor_core::{
     Connector, EventHook, Exposure, ExposureId, Notification, OperationKind, RegionId,
     RegistrationBackend, Release, Result, Segment, TransferId, TransferRequest, TransferState,
@@ -45,11 +46,12 @@ impl Call {
 }
 
 /// Runs before every call; for `release` it may answer instead of the backend.
-pub(crate) type Hook = Arc<dyn Fn(&LoopbackBackend, Call) -> Option<Result<Release>> + Send + Sync>;
+pub(crate) type Hook =
+    Arc<dyn Fn(&Faulty<LoopbackBackend>, Call) -> Option<Result<Release>> + Send + Sync>;
 
 /// A loopback agent whose methods call `hook` first.
 pub(crate) struct Hooked {
-    pub(crate) inner: LoopbackBackend,
+    pub(crate) inner: Faulty<LoopbackBackend>,
     pub(crate) hook: Hook,
     /// False: refuses the event hook, so the engine must poll (as with NIXL).
     pub(crate) event_driven: bool,
@@ -61,14 +63,14 @@ impl Hooked {
     }
 }
 
-/// A connector over a hooked loopback agent, and the agent's fault injector.
+/// A connector over a hooked loopback agent, and the handle arming its faults.
 pub(crate) fn hooked(
     fabric: &Fabric,
     name: &str,
     event_driven: bool,
-    hook: impl Fn(&LoopbackBackend, Call) -> Option<Result<Release>> + Send + Sync + 'static,
-) -> (Connector, FaultInjector) {
-    let inner = LoopbackBackend::new(fabric, name).unwrap();
+    hook: impl Fn(&Faulty<LoopbackBackend>, Call) -> Option<Result<Release>> + Send + Sync + 'static,
+) -> (Connector, Faults) {
+    let inner = Faulty::new(LoopbackBackend::new(fabric, name).unwrap());
     let faults = inner.faults();
     let connector = Connector::new(Hooked {
         inner,

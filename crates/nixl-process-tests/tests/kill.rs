@@ -4,15 +4,12 @@
 //! `RELIABILITY_LONG`, as `cargo xtask test --long` sets).
 #![allow(clippy::unwrap_used, clippy::panic, clippy::print_stderr)]
 
-mod common;
-
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use backend_nixl::NixlBackend;
-use common::{Peer, crc32, runtime_available};
-use descriptor_core::conformance::pattern;
 use descriptor_core::{Connector, Descriptor, Error, RdmaMetadata};
+use test_support::{Peer, crc32_of, pattern, runtime_available};
 
 const BLOCK: usize = 1 << 20;
 const WAIT: Duration = Duration::from_secs(60);
@@ -42,7 +39,7 @@ fn fresh_write_succeeds(connector: &Connector) {
     let source: Vec<Descriptor> = (0..4)
         .map(|i| Descriptor::new(pattern(900 + i, 4096)).unwrap())
         .collect();
-    let expected = crc32(&source);
+    let expected = crc32_of(&source);
     let write = connector.begin_write(source, &metadata).unwrap();
     write.wait_timeout(WAIT).unwrap();
     let report: serde_json::Value = serde_json::from_str(&peer.line(WAIT)).unwrap();
@@ -152,7 +149,7 @@ fn killing_the_active_process_leaves_the_passive_wait_timing_out() {
     let source: Vec<Descriptor> = (0..4)
         .map(|i| Descriptor::new(pattern(700 + i, 4096)).unwrap())
         .collect();
-    let expected = crc32(&source);
+    let expected = crc32_of(&source);
     let readable = server.create_readable(source).unwrap();
     let mut reader = peer(&["reader"]);
     reader.send(&readable.metadata().to_json());

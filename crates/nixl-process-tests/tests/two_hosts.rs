@@ -3,12 +3,10 @@
 //! compared by CRC-32. Needs root and iproute2: elsewhere it says why it skips.
 #![allow(clippy::unwrap_used, clippy::panic, clippy::print_stderr)]
 
-mod common;
-
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Peer, runtime_available};
+use test_support::{Peer, runtime_available};
 
 const BLOCKS: &str = "256";
 const BLOCK: &str = "1048576";

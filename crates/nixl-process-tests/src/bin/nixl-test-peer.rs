@@ -13,27 +13,14 @@ use std::time::Duration;
 
 use backend_nixl::NixlBackend;
 use descriptor_core::{Connector, Descriptor};
-
-/// The same bytes as `descriptor_core::conformance::pattern` (which this
-/// published binary cannot depend on: it sits behind a test-only feature).
-fn fill(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(len);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes()[..(len - out.len()).min(8)]);
-    }
-    out
-}
+use test_support::pattern;
 
 fn crc_line(descriptors: &[Descriptor]) -> String {
-    let mut crc = flate2::Crc::new();
-    for d in descriptors {
-        crc.update(d.as_slice().unwrap_or_default());
-    }
-    format!("{{\"crc32\":{},\"bytes\":{}}}", crc.sum(), crc.amount())
+    let bytes: usize = descriptors.iter().map(Descriptor::size).sum();
+    format!(
+        "{{\"crc32\":{},\"bytes\":{bytes}}}",
+        test_support::crc32_of(descriptors)
+    )
 }
 
 /// The active side: a READ or WRITE against metadata read from stdin.
@@ -68,7 +55,7 @@ fn active(mode: &str, seed: u64) -> Result<(), String> {
         let local = sizes
             .iter()
             .enumerate()
-            .map(|(i, &n)| Descriptor::new(fill(seed + i as u64, n)))
+            .map(|(i, &n)| Descriptor::new(pattern(seed + i as u64, n)))
             .collect::<Result<Vec<_>, _>>()
             .map_err(err)?;
         let op = connector.begin_write(local, &metadata).map_err(err)?;
@@ -103,7 +90,7 @@ fn run(args: &[String]) -> Result<(), String> {
     );
     let descriptors = (0..blocks)
         .map(|i| match mode.as_str() {
-            "readable" => Descriptor::new(fill(seed + i as u64, size)),
+            "readable" => Descriptor::new(pattern(seed + i as u64, size)),
             _ => Descriptor::new(vec![0u8; size]),
         })
         .collect::<Result<Vec<_>, _>>()

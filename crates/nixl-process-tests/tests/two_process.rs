@@ -3,15 +3,12 @@
 //! 1 MiB descriptors each way, checked by CRC-32.
 #![allow(clippy::unwrap_used, clippy::panic)]
 
-mod common;
-
 use std::process::Command;
 use std::time::Duration;
 
 use backend_nixl::NixlBackend;
-use common::{Peer, crc32, runtime_available};
-use descriptor_core::conformance::pattern;
 use descriptor_core::{Connector, Descriptor, RdmaMetadata};
+use test_support::{Peer, crc32_of, pattern, runtime_available};
 
 const BLOCKS: usize = 64;
 const BLOCK: usize = 1 << 20;
@@ -49,7 +46,7 @@ fn read_64_mib_from_another_process() {
     let (crc, bytes) = report(&peer);
     assert_eq!(bytes, (BLOCKS * BLOCK) as u64);
     assert_eq!(
-        u64::from(crc32(&local)),
+        u64::from(crc32_of(&local)),
         crc,
         "the bytes read differ from the peer's"
     );
@@ -68,7 +65,7 @@ fn write_64_mib_into_another_process() {
     let source = (0..BLOCKS)
         .map(|i| Descriptor::new(pattern(100 + i as u64, BLOCK)).unwrap())
         .collect::<Vec<_>>();
-    let expected = crc32(&source);
+    let expected = crc32_of(&source);
     let write = connector("writer").begin_write(source, &metadata).unwrap();
     write.wait_timeout(WAIT).unwrap();
     let (crc, bytes) = report(&peer);
