@@ -3,8 +3,11 @@
 //! run on a GPU machine.
 
 use std::collections::BTreeSet;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use cargo_metadata::{Artifact, Message};
 
 use crate::{cargo, nixl, run};
 
@@ -78,24 +81,16 @@ pub(crate) fn gpu_bundle(root: &Path) -> Result<(), u8> {
         bundle.join("gpu-check"),
     )
     .map_err(fail)?;
-    for line in String::from_utf8_lossy(&output.stdout).lines() {
-        let Some(exe) = line
-            .split("\"executable\":\"")
-            .nth(1)
-            .and_then(|r| r.split('"').next())
-        else {
-            continue;
-        };
-        let exe = PathBuf::from(exe);
-        let name = exe.file_name().map(|n| {
-            n.to_string_lossy()
-                .split('-')
-                .next()
-                .unwrap_or("test")
-                .to_owned()
-        });
-        let name = format!("device-cuda-{}", name.unwrap_or_default());
-        size += std::fs::copy(&exe, bundle.join("tests").join(name)).map_err(fail)?;
+    for message in Message::parse_stream(output.stdout.as_slice()) {
+        if let Message::CompilerArtifact(Artifact {
+            executable: Some(exe),
+            target,
+            ..
+        }) = message.map_err(fail)?
+        {
+            let name = format!("device-cuda-{}", target.name);
+            size += std::fs::copy(&exe, bundle.join("tests").join(name)).map_err(fail)?;
+        }
     }
 
     // The NIXL runtime: the C API and the UCX plugin, UCX's modules for one
@@ -143,10 +138,8 @@ exit "$status"
 "#;
     let run_sh = bundle.join("run.sh");
     std::fs::write(&run_sh, script).map_err(fail)?;
-    let chmod = Command::new("chmod").arg("+x").arg(&run_sh).status();
-    if !chmod.is_ok_and(|s| s.success()) {
-        return Err(fail("cannot make run.sh executable"));
-    }
+    std::fs::set_permissions(&run_sh, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| fail(format!("cannot make run.sh executable: {e}")))?;
     println!(
         "gpu-bundle: {} ({:.1} MiB, {} runtime files); run it with {}/run.sh",
         bundle.display(),

@@ -55,21 +55,3 @@ pub(crate) fn run_targets(root: &Path, seconds: u64) -> Result<(), u8> {
     }
     if ok { Ok(()) } else { Err(1) }
 }
-
-pub(crate) fn fuzz(root: &Path, args: &[String]) -> Result<(), u8> {
-    let seconds = match args {
-        [] => 60,
-        [flag, n] if flag == "--seconds" => match n.parse() {
-            Ok(n) => n,
-            Err(_) => {
-                eprintln!("xtask fuzz: --seconds takes a number, not {n:?}");
-                return Err(2);
-            }
-        },
-        _ => {
-            eprintln!("usage: cargo xtask fuzz [--seconds N]");
-            return Err(2);
-        }
-    };
-    run_targets(root, seconds)
-}

@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use crate::{cargo, run};
+use crate::{Workspace, cargo, run};
 
 /// Two namespaces and a veth pair, deleted on drop.
 struct Hosts {
@@ -69,7 +69,8 @@ impl Drop for Hosts {
 }
 
 /// Runs the bench's cross-process rows across two namespaces.
-pub(crate) fn bench(root: &Path, runtime: &Path, quick: bool) -> Result<(), u8> {
+pub(crate) fn bench(ws: &Workspace, runtime: &Path, quick: bool) -> Result<(), u8> {
+    let root = ws.root.as_path();
     let mut build = cargo();
     build.args(["build", "--quiet", "--release", "-p", "bench"]);
     if !run(root, build) {
@@ -98,7 +99,7 @@ pub(crate) fn bench(root: &Path, runtime: &Path, quick: bool) -> Result<(), u8> 
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", &hosts.a])
         .args(tcp(&dev_a))
-        .arg(root.join("target/release/bench"))
+        .arg(ws.target.join("release/bench"))
         .args(["--xproc-only", &wrap])
         .args(["--sizes", "4096x1,1048576x1,1048576x16,1048576x256"])
         .arg("--out")

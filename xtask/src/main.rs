@@ -1,49 +1,127 @@
-//! Project automation, run as `cargo xtask <command>`:
+//! Project automation, run as `cargo xtask <command>` (`cargo xtask --help`):
 //!
-//! - `test`: formatting, clippy, every test and doc test, the loom model, the
-//!   core and loopback suites under AddressSanitizer, fuzzing, rustdoc and the
-//!   demo, with a one-screen summary at the end.
+//! - `test [--long]`: formatting, clippy, every feature combination, every
+//!   test and doc test, the loom model, the core and loopback suites under
+//!   AddressSanitizer, fuzzing, rustdoc and the demo, with a one-screen
+//!   summary at the end.
 //! - `demo [--backend NAME] [demo options]`: the main job, in a release build.
 //! - `nixl-runtime`: fetch and unpack the NIXL runtime (idempotent).
 //! - `fuzz [--seconds N]`: coverage-guided fuzzing of the untrusted-input parsers.
 //! - `gpu-bundle`: GPU checks and their NIXL runtime files in one folder.
-//! - `bench [--quick] [--python]`: the interleaved benchmark (release build),
-//!   then the criterion micro-benchmarks of the hot paths, then (or, with
-//!   `--python`, only) the Python package against Dynamo's module.
+//! - `bench [--quick] [--python | --two-hosts]`: the interleaved benchmark
+//!   (release build), then the criterion micro-benchmarks of the hot paths,
+//!   then (or, with `--python`, only) the Python package against Dynamo's module.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod bundle;
+mod features;
+mod flags;
 mod fuzz;
 mod hosts;
 mod nixl;
 mod python;
+mod wheel;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
-/// The crates meant for crates.io; the rest of the workspace is `publish = false`.
-const PUBLISHED: &[&str] = &[
-    "descriptor-core",
-    "backend-loopback",
-    "backend-nixl",
-    "device-cuda",
-    "device-rocm",
-];
+use cargo_metadata::{MetadataCommand, Package};
 
 /// Backends the demo knows, with the demo crate's feature that builds each.
 const BACKENDS: &[(&str, &str)] = &[("loopback", "loopback"), ("nixl", "nixl")];
 
+/// What xtask needs to know about the workspace, from `cargo metadata`.
+pub(crate) struct Workspace {
+    pub(crate) root: PathBuf,
+    /// Cargo's build folder (`CARGO_TARGET_DIR` or the configured one).
+    pub(crate) target: PathBuf,
+    /// The members, with their features and whether they are published.
+    pub(crate) members: Vec<Package>,
+}
+
+impl Workspace {
+    fn load() -> Result<Workspace, String> {
+        let metadata = MetadataCommand::new()
+            .manifest_path(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+            .no_deps()
+            .exec()
+            .map_err(|e| format!("cargo metadata: {e}"))?;
+        Ok(Workspace {
+            root: metadata.workspace_root.clone().into(),
+            target: metadata.target_directory.clone().into(),
+            members: metadata.workspace_packages().into_iter().cloned().collect(),
+        })
+    }
+
+    /// The crates meant for crates.io (the others say `publish = false`).
+    pub(crate) fn published(&self) -> impl Iterator<Item = &Package> {
+        self.members
+            .iter()
+            .filter(|p| p.publish.as_ref().is_none_or(|r| !r.is_empty()))
+    }
+}
+
+/// `cargo package` verifies each crate against its siblings' packages through
+/// a local registry, whose sources cargo extracts under
+/// `$CARGO_HOME/registry/src/-<hash>/` and reuses by name and version: an
+/// earlier run's packages of the same version would be built instead of
+/// today's. Removes those extracted copies of the published crates.
+fn forget_packaged_sources(ws: &Workspace) {
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
+    let Some(sources) = home.map(|h| h.join("registry/src")) else {
+        return;
+    };
+    let Ok(registries) = std::fs::read_dir(&sources) else {
+        return;
+    };
+    for registry in registries.flatten() {
+        // Local registries only: crates.io's folder is named after its host.
+        if !registry.file_name().to_string_lossy().starts_with('-') {
+            continue;
+        }
+        for krate in ws.published() {
+            let stale = registry
+                .path()
+                .join(format!("{}-{}", krate.name, krate.version));
+            if stale.exists()
+                && let Err(e) = std::fs::remove_dir_all(&stale)
+            {
+                eprintln!("xtask: cannot remove {}: {e}", stale.display());
+            }
+        }
+    }
+}
+
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let root = workspace_root();
-    let result = match args.first().map(String::as_str) {
-        Some("test") => test(&root, &args[1..]),
-        Some("demo") => demo(&root, &args[1..]),
-        Some("bench") => bench(&root, &args[1..]),
-        Some("gpu-bundle") => bundle::gpu_bundle(&root),
-        Some("fuzz") => fuzz::fuzz(&root, &args[1..]),
-        Some("nixl-runtime") => match nixl::ensure_runtime(&root) {
+    let command = match flags::Xtask::from_env() {
+        Ok(flags) => flags.subcommand,
+        Err(e) if e.is_help() => {
+            println!("{}", help());
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => return usage_error(&e),
+    };
+    let ws = match Workspace::load() {
+        Ok(ws) => ws,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let root = ws.root.as_path();
+    let result = match command {
+        flags::XtaskCmd::Test(args) => test(&ws, args.long),
+        flags::XtaskCmd::Demo(args) => demo(root, &args),
+        flags::XtaskCmd::Bench(args) => match args.validate() {
+            Ok(()) => bench(&ws, &args),
+            Err(e) => return usage_error(&e),
+        },
+        flags::XtaskCmd::GpuBundle(_) => bundle::gpu_bundle(root),
+        flags::XtaskCmd::Fuzz(args) => fuzz::run_targets(root, args.seconds.unwrap_or(60)),
+        flags::XtaskCmd::NixlRuntime(_) => match nixl::ensure_runtime(root) {
             Ok(runtime) => {
                 println!("{}", runtime.root.display());
                 Ok(())
@@ -53,26 +131,6 @@ fn main() -> ExitCode {
                 Err(1)
             }
         },
-        _ => {
-            eprintln!(
-                "usage: cargo xtask <command>\n\n\
-                 commands:\n  \
-                 test [--long]         fmt check, clippy -D warnings, all tests and doc tests, loom, ASan, fuzz, rustdoc -D warnings, demos\n  \
-                 bench [--quick] [--python | --two-hosts]  memcpy / loopback / nixl / raw nixl-sys, in and across processes (--python: nixl_connect vs Dynamo; --two-hosts: across two network namespaces over TCP); writes target/bench/\n  \
-                 fuzz [--seconds N]    libFuzzer on the metadata, agent-blob and device parsers (default 60 s each)\n  \
-                 gpu-bundle            release GPU checks + the NIXL runtime they need in target/gpu-bundle (run.sh)\n  \
-                 nixl-runtime          fetch the NIXL runtime ({}) into target/nixl-runtime (idempotent)\n  \
-                 demo [--backend NAME] [--blocks N] [--block-size BYTES] [--iterations N]\n                        \
-                 move KV-cache-like blocks both ways and report bandwidth (backends: {})",
-                nixl::WHEEL,
-                BACKENDS
-                    .iter()
-                    .map(|(b, _)| *b)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-            Err(2)
-        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -80,9 +138,36 @@ fn main() -> ExitCode {
     }
 }
 
-fn workspace_root() -> PathBuf {
-    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    manifest.parent().map(Path::to_path_buf).unwrap_or(manifest)
+/// A bad command line: what is wrong, or the usage of every command when
+/// none was given.
+fn usage_error(e: &xflags::Error) -> ExitCode {
+    if std::env::args_os().len() > 1 {
+        eprintln!("xtask: {e} (`cargo xtask --help` lists the commands and their options)");
+    } else {
+        eprintln!("{}", help());
+    }
+    ExitCode::from(2)
+}
+
+/// xflags' help for every command, and what it cannot know.
+fn help() -> String {
+    let commands = flags::Xtask::from_vec(vec!["--help".into()])
+        .err()
+        .map(|help| help.to_string())
+        .unwrap_or_default();
+    format!(
+        "{commands}\ndemo backends: {}; NIXL runtime: {}",
+        backend_names(),
+        nixl::requirement()
+    )
+}
+
+fn backend_names() -> String {
+    BACKENDS
+        .iter()
+        .map(|(b, _)| *b)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 pub(crate) fn cargo() -> Command {
@@ -147,17 +232,31 @@ struct Step {
     took: Duration,
 }
 
-fn test(root: &Path, args: &[String]) -> Result<(), u8> {
-    let long = match args {
-        [] => false,
-        [l] if l == "--long" => true,
-        _ => {
-            eprintln!(
-                "usage: cargo xtask test [--long]   (--long: 16 x 10,000 loopback operations, 1 GiB kill tests)"
-            );
-            return Err(2);
-        }
-    };
+/// The steps of `cargo xtask test`, each timed; all run, failed or not.
+struct Steps<'a> {
+    root: &'a Path,
+    done: Vec<Step>,
+}
+
+impl Steps<'_> {
+    fn time(&mut self, name: &'static str, step: impl FnOnce(&Path) -> bool) {
+        let started = Instant::now();
+        eprintln!("\n== {name} ==");
+        let ok = step(self.root);
+        self.done.push(Step {
+            name,
+            ok,
+            took: started.elapsed(),
+        });
+    }
+
+    fn run(&mut self, name: &'static str, cmd: Command) {
+        self.time(name, |root| run(root, cmd));
+    }
+}
+
+fn test(ws: &Workspace, long: bool) -> Result<(), u8> {
+    let root = ws.root.as_path();
     for (sub, component) in [("fmt", "rustfmt"), ("clippy", "clippy")] {
         if let Err(e) = ensure_component(sub, component) {
             eprintln!("xtask test: {e}");
@@ -177,21 +276,14 @@ fn test(root: &Path, args: &[String]) -> Result<(), u8> {
         ("NIXL_TEST_VENV", venv.display().to_string()),
         ("NIXL_TESTS_REQUIRED", "1".to_owned()),
     ];
-    let mut steps = Vec::new();
-    let mut step = |name: &'static str, cmd: Command| {
-        let started = Instant::now();
-        eprintln!("\n== {name} ==");
-        let ok = run(root, cmd);
-        steps.push(Step {
-            name,
-            ok,
-            took: started.elapsed(),
-        });
+    let mut steps = Steps {
+        root,
+        done: Vec::new(),
     };
 
     let mut fmt = cargo();
     fmt.args(["fmt", "--all", "--", "--check"]);
-    step("rustfmt --check", fmt);
+    steps.run("rustfmt --check", fmt);
 
     let mut clippy = cargo();
     clippy.args([
@@ -203,7 +295,13 @@ fn test(root: &Path, args: &[String]) -> Result<(), u8> {
         "-D",
         "warnings",
     ]);
-    step("clippy -D warnings", clippy);
+    steps.run("clippy -D warnings", clippy);
+
+    // Every member with no default features and with each feature alone
+    // (crossbeam's check-features.sh, as a loop over cargo metadata).
+    steps.time("features: none, each alone", |root| {
+        features::check_each(root, &ws.members)
+    });
 
     let mut tests = cargo();
     tests
@@ -212,7 +310,7 @@ fn test(root: &Path, args: &[String]) -> Result<(), u8> {
     if long {
         tests.env("RELIABILITY_LONG", "1");
     }
-    step("tests + doc tests", tests);
+    steps.run("tests + doc tests", tests);
 
     // The operation state machine, model-checked: loom explores every
     // interleaving (up to a preemption bound) of small models of it.
@@ -227,7 +325,7 @@ fn test(root: &Path, args: &[String]) -> Result<(), u8> {
     ])
     .env("RUSTFLAGS", "--cfg loom")
     .env("CARGO_TARGET_DIR", root.join("target/loom"));
-    step("loom model of operations", loom);
+    steps.run("loom model of operations", loom);
 
     // The suites of the memory-owning crates under AddressSanitizer, so that a
     // use-after-free fails here (stable rustc, unstable flag: see fuzz.rs).
@@ -252,7 +350,7 @@ fn test(root: &Path, args: &[String]) -> Result<(), u8> {
             .env("RUSTC_BOOTSTRAP", "1")
             .env("ASAN_OPTIONS", "detect_leaks=0")
             .env("CARGO_TARGET_DIR", root.join("target/asan"));
-            step("ASan: core, loopback tests", asan);
+            steps.run("ASan: core, loopback tests", asan);
         }
         None => {
             eprintln!("xtask test: cannot tell the host target from `rustc -vV`");
@@ -272,22 +370,23 @@ fn test(root: &Path, args: &[String]) -> Result<(), u8> {
         "--seconds",
         "10",
     ]);
-    step("fuzz, 10 s per parser", fuzz);
+    steps.run("fuzz, 10 s per parser", fuzz);
 
     let mut doc = cargo();
     doc.args(["doc", "--workspace", "--no-deps", "--all-features"])
         .env("RUSTDOCFLAGS", "-D warnings");
-    step("rustdoc -D warnings", doc);
+    steps.run("rustdoc -D warnings", doc);
 
     // The crates a downstream project depends on package and build from their
     // packaged sources, as from crates.io (workspace path dependencies resolve
     // to each other's packages).
+    forget_packaged_sources(ws);
     let mut package = cargo();
     package.args(["package", "--allow-dirty"]);
-    for krate in PUBLISHED {
-        package.args(["-p", krate]);
+    for krate in ws.published() {
+        package.args(["-p", &krate.name]);
     }
-    step("cargo package (published crates)", package);
+    steps.run("cargo package (published crates)", package);
 
     // The demo crate is a downstream crate that picks backends and device
     // probes with features of its own: build and run it with none, each alone,
@@ -312,13 +411,13 @@ fn test(root: &Path, args: &[String]) -> Result<(), u8> {
         ])
         .args(["--", "--iterations", "1", "--blocks", "8"])
         .envs(nixl_env.clone());
-        step(label, demo);
+        steps.run(label, demo);
     }
 
     let mut gpu = cargo();
     gpu.args(["run", "--quiet", "-p", "gpu-check"])
         .envs(nixl_env.clone());
-    step("gpu-check (skips without GPU)", gpu);
+    steps.run("gpu-check (skips without GPU)", gpu);
 
     for (backend, feature) in BACKENDS {
         let mut demo = cargo();
@@ -333,7 +432,7 @@ fn test(root: &Path, args: &[String]) -> Result<(), u8> {
         ])
         .args(["--backend", backend, "--iterations", "3"])
         .envs(nixl_env.clone());
-        step(
+        steps.run(
             if *backend == "nixl" {
                 "demo (nixl)"
             } else {
@@ -346,16 +445,10 @@ fn test(root: &Path, args: &[String]) -> Result<(), u8> {
     // The Python package `nixl_connect`: a virtualenv under target/ (made
     // once), the package installed with pip as a user installs it, then its
     // pytest suite (both backends, interop with the real Dynamo module).
-    let started = Instant::now();
-    eprintln!("\n== python package: pip install + pytest ==");
-    let ok = python::test(root);
-    steps.push(Step {
-        name: "python: pip install, pytest",
-        ok,
-        took: started.elapsed(),
-    });
+    steps.time("python: pip install, pytest", python::test);
 
     println!("\n== cargo xtask test: summary ==");
+    let steps = steps.done;
     for s in &steps {
         println!(
             "  {:<30} {:<4} {:>7.1} s",
@@ -385,31 +478,12 @@ fn host_target() -> Option<String> {
         .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
 }
 
-fn demo(root: &Path, args: &[String]) -> Result<(), u8> {
-    let mut backend = "loopback".to_owned();
-    let mut rest = Vec::new();
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        if arg == "--backend" {
-            match it.next() {
-                Some(b) => backend = b.clone(),
-                None => {
-                    eprintln!("xtask demo: --backend needs a value");
-                    return Err(2);
-                }
-            }
-        } else {
-            rest.push(arg.clone());
-        }
-    }
+fn demo(root: &Path, args: &flags::Demo) -> Result<(), u8> {
+    let backend = args.backend.as_deref().unwrap_or("loopback");
     let Some((_, feature)) = BACKENDS.iter().find(|(name, _)| *name == backend) else {
         eprintln!(
             "xtask demo: unknown backend {backend:?}; available: {}",
-            BACKENDS
-                .iter()
-                .map(|(b, _)| *b)
-                .collect::<Vec<_>>()
-                .join(", ")
+            backend_names()
         );
         return Err(2);
     };
@@ -424,34 +498,31 @@ fn demo(root: &Path, args: &[String]) -> Result<(), u8> {
         feature,
         "--",
         "--backend",
-        &backend,
+        backend,
     ]);
-    cmd.args(&rest);
+    for (flag, value) in [
+        ("--blocks", args.blocks),
+        ("--block-size", args.block_size),
+        ("--iterations", args.iterations),
+    ] {
+        if let Some(value) = value {
+            cmd.arg(flag).arg(value.to_string());
+        }
+    }
     if backend == "nixl" {
         cmd.env("NIXL_RUNTIME_DIR", nixl::provision(root, "demo")?.root);
     }
     if run(root, cmd) { Ok(()) } else { Err(1) }
 }
 
-fn bench(root: &Path, args: &[String]) -> Result<(), u8> {
-    let (mut quick, mut python_only, mut two_hosts) = (false, false, false);
-    for arg in args {
-        match arg.as_str() {
-            "--quick" => quick = true,
-            "--python" => python_only = true,
-            "--two-hosts" => two_hosts = true,
-            _ => {
-                eprintln!("usage: cargo xtask bench [--quick] [--python | --two-hosts]");
-                return Err(2);
-            }
-        }
-    }
-    if python_only {
+fn bench(ws: &Workspace, args: &flags::Bench) -> Result<(), u8> {
+    let (root, quick) = (ws.root.as_path(), args.quick);
+    if args.python {
         return python::bench(root, quick);
     }
-    if two_hosts {
+    if args.two_hosts {
         let runtime = nixl::provision(root, "bench")?;
-        return hosts::bench(root, &runtime.root, quick);
+        return hosts::bench(ws, &runtime.root, quick);
     }
     let runtime = nixl::provision(root, "bench")?;
     let out = root.join("target/bench");

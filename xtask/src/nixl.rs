@@ -4,11 +4,24 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::describe;
+use crate::{describe, wheel};
 
-pub(crate) const WHEEL: &str = "nixl-cu12==1.5.1";
+/// The NIXL release the runtime, the test virtualenvs and the Python tests
+/// use; everything else here is derived from it. backend-nixl's `PIP_PACKAGE`
+/// and the Python package's `cu12` extra name it too (a test below keeps
+/// them equal).
+pub(crate) const NIXL_VERSION: &str = "1.5.1";
 const NUMPY: &str = "numpy==2.2.6";
-const RUNTIME_DIR: &str = "nixl-cu12-1.5.1";
+
+/// The pip requirement for the runtime wheel, `nixl-cu12==NIXL_VERSION`.
+pub(crate) fn requirement() -> String {
+    format!("nixl-cu12=={NIXL_VERSION}")
+}
+
+/// Its folder under `target/nixl-runtime`.
+fn runtime_dir() -> String {
+    format!("nixl-cu12-{NIXL_VERSION}")
+}
 /// What is unpacked from the wheel: the C API and plugins, the vendored
 /// libraries (UCX among them) and the Python bindings for the interop tests.
 const KEEP: &[&str] = &[".nixl_cu12.mesonpy.libs/", "nixl_cu12.libs/", "nixl_cu12/"];
@@ -22,7 +35,7 @@ pub(crate) struct Runtime {
 }
 
 fn runtime_paths(root: &Path) -> Runtime {
-    let dir = root.join("target/nixl-runtime").join(RUNTIME_DIR);
+    let dir = root.join("target/nixl-runtime").join(runtime_dir());
     let pythonpath = format!("{}:{}", dir.display(), dir.join("site").display());
     Runtime {
         root: dir,
@@ -71,10 +84,11 @@ pub(crate) fn ensure_runtime(root: &Path) -> Result<Runtime, String> {
     let wheels = base.join("wheels");
     std::fs::create_dir_all(&wheels).map_err(|e| format!("create {}: {e}", wheels.display()))?;
     eprintln!(
-        "xtask: fetching the NIXL runtime ({WHEEL}, ~68 MB) and {NUMPY} from PyPI into {}",
+        "xtask: fetching the NIXL runtime ({}, ~68 MB) and {NUMPY} from PyPI into {}",
+        requirement(),
         base.display()
     );
-    for package in [WHEEL, NUMPY] {
+    for package in [requirement().as_str(), NUMPY] {
         run_quiet(
             Command::new("python3")
                 .args([
@@ -92,21 +106,14 @@ pub(crate) fn ensure_runtime(root: &Path) -> Result<Runtime, String> {
     }
     // Unpack into a fresh folder, then move it into place: an interrupted run
     // never leaves a half-unpacked runtime behind the stamp.
-    let staging = base.join(format!("{RUNTIME_DIR}.partial"));
+    let staging = base.join(format!("{}.partial", runtime_dir()));
     let _ = std::fs::remove_dir_all(&staging);
     let _ = std::fs::remove_dir_all(&runtime.root);
-    let unpack = "import glob, sys, zipfile\n\
-         wheel = sorted(glob.glob(sys.argv[1] + '/nixl_cu12-1.5.1-*.whl'))[-1]\n\
-         keep = tuple(sys.argv[3].split(','))\n\
-         with zipfile.ZipFile(wheel) as z:\n    \
-             z.extractall(sys.argv[2], [m for m in z.namelist() if m.startswith(keep)])\n";
-    run_quiet(
-        Command::new("python3")
-            .args(["-c", unpack])
-            .arg(&wheels)
-            .arg(&staging)
-            .arg(KEEP.join(",")),
-    )?;
+    let found = wheel::find(&wheels, &format!("nixl_cu12-{NIXL_VERSION}-"))?;
+    eprintln!("$ unzip {} into {}", found.display(), staging.display());
+    wheel::extract(&found, &staging, |name| {
+        KEEP.iter().any(|k| name.starts_with(k))
+    })?;
     run_quiet(
         Command::new("python3")
             .args([
@@ -135,7 +142,7 @@ pub(crate) fn ensure_runtime(root: &Path) -> Result<Runtime, String> {
             ])
             .env("PYTHONPATH", &runtime.pythonpath),
     )?;
-    std::fs::write(&stamp, format!("{WHEEL}\n{NUMPY}\n"))
+    std::fs::write(&stamp, format!("{}\n{NUMPY}\n", requirement()))
         .map_err(|e| format!("write {}: {e}", stamp.display()))?;
     eprintln!("xtask: NIXL runtime ready in {}", runtime.root.display());
     Ok(runtime)
@@ -164,9 +171,9 @@ pub(crate) fn ensure_test_venv(root: &Path) -> Result<PathBuf, String> {
                 "--find-links",
             ])
             .arg(root.join("target/nixl-runtime/wheels"))
-            .arg(WHEEL),
+            .arg(requirement()),
     )?;
-    std::fs::write(&stamp, format!("{WHEEL}\n"))
+    std::fs::write(&stamp, format!("{}\n", requirement()))
         .map_err(|e| format!("write {}: {e}", stamp.display()))?;
     Ok(venv)
 }
@@ -240,4 +247,35 @@ fn find_libclang() -> Option<PathBuf> {
             .then(|| e.path())
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The version right after `marker` in a file of the workspace.
+    fn pinned_in(path: &str, marker: &str) -> String {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path);
+        let text = std::fs::read_to_string(&file).unwrap();
+        let (_, rest) = text.split_once(marker).unwrap();
+        rest.split(|c: char| !(c.is_ascii_alphanumeric() || c == '.'))
+            .next()
+            .unwrap()
+            .to_owned()
+    }
+
+    #[test]
+    fn every_pin_of_nixl_names_the_same_version() {
+        assert_eq!(requirement(), format!("nixl-cu12=={NIXL_VERSION}"));
+        let rust = "pub const PIP_PACKAGE: &str = \"nixl-cu12==";
+        assert_eq!(
+            pinned_in("crates/backend-nixl/src/runtime.rs", rust),
+            NIXL_VERSION
+        );
+        let extra = "cu12 = [\"nixl-cu12==";
+        assert_eq!(
+            pinned_in("crates/nixl-connect-py/pyproject.toml", extra),
+            NIXL_VERSION
+        );
+    }
 }

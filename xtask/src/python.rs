@@ -18,13 +18,12 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::{describe, nixl};
+use crate::{describe, nixl, wheel};
 
 /// What the virtualenv holds; written to its stamp file.
 const REQUIREMENTS: &[&str] = &["maturin>=1.9,<2", "pytest>=8", "pydantic>=2.10.6,<=2.13.5"];
 const NUMPY: &str = "numpy==2.2.6";
-const NIXL_META: &str = "nixl==1.5.1";
-const DYNAMO: &str = "ai-dynamo-runtime==1.6.1";
+const DYNAMO_VERSION: &str = "1.6.1";
 /// The one file of the Dynamo wheel the tests use.
 const DYNAMO_MODULE: &str = "dynamo/nixl_connect/__init__.py";
 const PACKAGE_DIR: &str = "crates/nixl-connect-py";
@@ -72,9 +71,19 @@ fn run_quiet(cmd: &mut Command) -> Result<(), String> {
     }
 }
 
+/// NIXL's meta-package (`import nixl`, which Dynamo uses), at the runtime's version.
+fn nixl_meta() -> String {
+    format!("nixl=={}", nixl::NIXL_VERSION)
+}
+
+fn dynamo() -> String {
+    format!("ai-dynamo-runtime=={DYNAMO_VERSION}")
+}
+
 fn stamp_text() -> String {
-    let mut lines: Vec<&str> = REQUIREMENTS.to_vec();
-    lines.extend([NUMPY, nixl::WHEEL, NIXL_META, DYNAMO, "torch-stub 1"]);
+    let mut lines: Vec<String> = REQUIREMENTS.iter().map(|r| (*r).to_owned()).collect();
+    lines.extend([NUMPY.into(), nixl::requirement(), nixl_meta(), dynamo()]);
+    lines.push("torch-stub 1".into());
     lines.join("\n") + "\n"
 }
 
@@ -124,12 +133,12 @@ pub(crate) fn ensure_venv(root: &Path) -> Result<Venv, String> {
         "--no-index",
         "--find-links",
         &wheels_arg,
-        nixl::WHEEL,
+        &nixl::requirement(),
     ]))?;
     // NIXL's meta-package (`import nixl`, which Dynamo uses) and Dynamo's
     // wheel, downloaded once.
     let downloads_arg = downloads.display().to_string();
-    for package in [NIXL_META, DYNAMO] {
+    for package in [nixl_meta(), dynamo()] {
         run_quiet(
             Command::new(&venv.python)
                 .args(["-m", "pip", "download", "--quiet", "--no-deps", "-d"])
@@ -142,19 +151,15 @@ pub(crate) fn ensure_venv(root: &Path) -> Result<Venv, String> {
         "--no-index",
         "--find-links",
         &downloads_arg,
-        NIXL_META,
+        &nixl_meta(),
     ]))?;
-    let extract = "import glob, sys, zipfile\n\
-         wheel = sorted(glob.glob(sys.argv[1] + '/ai_dynamo_runtime-1.6.1-*.whl'))[-1]\n\
-         with zipfile.ZipFile(wheel) as z:\n    \
-             z.extract(sys.argv[3], sys.argv[2])\n";
-    run_quiet(
-        Command::new(&venv.python)
-            .args(["-c", extract])
-            .arg(&downloads)
-            .arg(&venv.dynamo_src)
-            .arg(DYNAMO_MODULE),
-    )?;
+    let dynamo_wheel = wheel::find(&downloads, &format!("ai_dynamo_runtime-{DYNAMO_VERSION}-"))?;
+    if wheel::extract(&dynamo_wheel, &venv.dynamo_src, |name| {
+        name == DYNAMO_MODULE
+    })? != 1
+    {
+        return Err(format!("{} has no {DYNAMO_MODULE}", dynamo_wheel.display()));
+    }
     let torch = venv.torch_stub.join("torch");
     std::fs::create_dir_all(&torch).map_err(|e| format!("create {}: {e}", torch.display()))?;
     std::fs::write(

@@ -8,6 +8,7 @@ use backend_nixl::{MetadataScope, NixlBackend};
 use descriptor_core::{Connector, Descriptor, RdmaMetadata};
 use nixl_sys::{Agent, AgentConfig};
 
+use crate::Latencies;
 use crate::movers::{Buf, Res, fill};
 
 /// Named measurements, in the order printed.
@@ -105,12 +106,6 @@ impl RoundTrip {
     }
 }
 
-fn percentiles(mut v: Vec<Duration>) -> (f64, f64) {
-    v.sort();
-    let at = |p: f64| v[((v.len() - 1) as f64 * p).round() as usize].as_secs_f64() * 1e6;
-    (at(0.5), at(0.99))
-}
-
 /// CPU time of the whole process (all threads), in nanoseconds.
 fn process_cpu_ns() -> u64 {
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
@@ -123,13 +118,6 @@ fn process_cpu_ns() -> u64 {
         .sum()
 }
 
-fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .map_or(0, |pages| pages * 4096)
-}
-
 pub(crate) fn measure(quick: bool) -> Res<Extras> {
     let mut x = Extras { items: Vec::new() };
 
@@ -140,14 +128,14 @@ pub(crate) fn measure(quick: bool) -> Res<Extras> {
     ] {
         let mut rt = RoundTrip::new(pair, 4096)?;
         rt.once()?;
-        let (mut active, mut passive) = (Vec::new(), Vec::new());
+        let (mut active, mut passive) = (Latencies::new()?, Latencies::new()?);
         for _ in 0..if quick { 200 } else { 1000 } {
             let (a, p) = rt.once()?;
-            active.push(a);
-            passive.push(p);
+            active.record(a)?;
+            passive.record(p)?;
         }
-        let (a50, a99) = percentiles(active);
-        let (p50, p99) = percentiles(passive);
+        let (a50, a99) = (active.us(0.5), active.us(0.99));
+        let (p50, p99) = (passive.us(0.5), passive.us(0.99));
         x.add(
             format!("{name}: 4 KiB post -> active waiter wakes, p50"),
             a50,
@@ -277,11 +265,11 @@ pub(crate) fn measure(quick: bool) -> Res<Extras> {
         for _ in 0..n / 10 {
             rt.fast()?;
         }
-        let before = rss_bytes();
+        let before = test_support::rss_bytes();
         for _ in 0..n {
             rt.fast()?;
         }
-        let after = rss_bytes();
+        let after = test_support::rss_bytes();
         x.add(
             format!("{name}: RSS before {} more round trips", n),
             before as f64 / 1048576.0,

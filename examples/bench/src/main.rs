@@ -9,9 +9,10 @@ mod movers;
 mod report;
 mod xproc;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
+
+use hdrhistogram::Histogram;
 
 use movers::{Api, Memcpy, Mover, Op, RawNixl, Res};
 use report::Row;
@@ -19,58 +20,46 @@ use report::Row;
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
 
-struct Config {
-    quick: bool,
-    out: PathBuf,
-    /// Run as the passive side of the cross-process rows (`api` or `raw`).
-    peer: Option<String>,
-    /// Only these (block bytes, blocks), and no extras (`--sizes 4096x1,65536x16`).
-    only: Option<Vec<(usize, usize)>>,
-    /// Only the cross-process rows, the peer run through this command prefix
-    /// (`--xproc-only 'ip netns exec host-b'`; an empty prefix runs it plainly).
-    xproc_only: Option<Vec<String>>,
-}
+mod flags {
+    use std::path::PathBuf;
 
-fn parse() -> Res<Config> {
-    let mut config = Config {
-        quick: false,
-        out: PathBuf::from("target/bench"),
-        peer: None,
-        only: None,
-        xproc_only: None,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--quick" => config.quick = true,
-            "--out" => config.out = args.next().ok_or("--out needs a folder")?.into(),
-            "--peer" => config.peer = Some(args.next().ok_or("--peer needs api or raw")?),
-            "--xproc-only" => {
-                let wrap = args
-                    .next()
-                    .ok_or("--xproc-only needs a command prefix ('' for none)")?;
-                config.xproc_only = Some(wrap.split_whitespace().map(str::to_owned).collect());
-            }
-            "--sizes" => {
-                let list = args.next().ok_or("--sizes needs BYTESxCOUNT[,...]")?;
-                let parsed = list
-                    .split(',')
-                    .map(|s| {
-                        let (b, n) = s.split_once('x')?;
-                        Some((b.parse().ok()?, n.parse().ok()?))
-                    })
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or_else(|| format!("--sizes: not BYTESxCOUNT[,...]: {list:?}"))?;
-                config.only = Some(parsed);
-            }
-            other => {
-                return Err(format!(
-                    "unknown option {other:?}; usage: bench [--quick] [--out DIR] [--sizes BYTESxCOUNT,...]"
-                ));
-            }
+    use crate::Sizes;
+
+    xflags::xflags! {
+        /// memcpy, loopback, NIXL and raw nixl-sys, interleaved in one run.
+        cmd bench {
+            /// Fewer sizes and iterations.
+            optional --quick
+            /// Where report.json and bandwidth.svg go (default target/bench).
+            optional --out dir: PathBuf
+            /// Run as the passive side of the cross-process rows: api or raw.
+            optional --peer kind: String
+            /// Only these sizes, and no extras: BYTESxCOUNT[,...] (4096x1,65536x16).
+            optional --sizes list: Sizes
+            /// Only the cross-process rows, the peer run through this command
+            /// prefix ('ip netns exec host-b'; '' runs it plainly).
+            optional --xproc-only prefix: String
         }
     }
-    Ok(config)
+}
+
+/// `--sizes`: (block bytes, blocks) pairs.
+#[derive(Debug)]
+struct Sizes(Vec<(usize, usize)>);
+
+impl std::str::FromStr for Sizes {
+    type Err = String;
+
+    fn from_str(list: &str) -> Res<Sizes> {
+        list.split(',')
+            .map(|s| {
+                let (b, n) = s.split_once('x')?;
+                Some((b.parse().ok()?, n.parse().ok()?))
+            })
+            .collect::<Option<Vec<_>>>()
+            .map(Sizes)
+            .ok_or_else(|| format!("not BYTESxCOUNT[,...]: {list:?}"))
+    }
 }
 
 /// (block bytes, blocks) to measure.
@@ -98,9 +87,33 @@ fn iterations(total: usize, quick: bool) -> usize {
     (budget / total).clamp(if quick { 5 } else { 9 }, if quick { 300 } else { 1000 })
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[i]
+/// Latencies at nanosecond resolution, three significant digits.
+pub(crate) struct Latencies(Histogram<u64>);
+
+impl Latencies {
+    pub(crate) fn new() -> Res<Latencies> {
+        Histogram::new(3).map(Latencies).map_err(|e| e.to_string())
+    }
+
+    pub(crate) fn record(&mut self, sample: Duration) -> Res<()> {
+        let ns = u64::try_from(sample.as_nanos()).unwrap_or(u64::MAX);
+        // `record` grows the histogram to fit (`saturating_record` would clamp).
+        self.0.record(ns).map_err(|e| format!("{sample:?}: {e}"))
+    }
+
+    /// The latency at quantile `q` (0.5 for the median).
+    pub(crate) fn at(&self, q: f64) -> Duration {
+        Duration::from_nanos(self.0.value_at_quantile(q))
+    }
+
+    /// The same, in microseconds.
+    pub(crate) fn us(&self, q: f64) -> f64 {
+        self.at(q).as_secs_f64() * 1e6
+    }
+
+    pub(crate) fn len(&self) -> u64 {
+        self.0.len()
+    }
 }
 
 fn bandwidth(
@@ -116,7 +129,9 @@ fn bandwidth(
                 m.prepare(op, block, blocks)?;
             }
             let iters = iterations(block * blocks, quick);
-            let mut samples: Vec<Vec<Duration>> = vec![Vec::with_capacity(iters); movers.len()];
+            let mut samples = (0..movers.len())
+                .map(|_| Latencies::new())
+                .collect::<Res<Vec<_>>>()?;
             // Warm-up round (connections, page faults), verified, not timed.
             for m in movers.iter_mut() {
                 m.run(op)?;
@@ -130,20 +145,19 @@ fn bandwidth(
             }
             for _ in 0..iters {
                 for (m, s) in movers.iter_mut().zip(&mut samples) {
-                    s.push(m.run(op)?);
+                    s.record(m.run(op)?)?;
                 }
             }
-            for (m, mut s) in movers.iter().zip(samples) {
-                s.sort();
-                let p50 = percentile(&s, 0.5);
+            for (m, s) in movers.iter().zip(samples) {
+                let p50 = s.at(0.5);
                 rows.push(Row {
                     backend: m.name(),
                     op: op.name(),
                     block_bytes: block,
                     blocks,
                     gbps: (block * blocks) as f64 / p50.as_secs_f64() / 1e9,
-                    p50_us: p50.as_secs_f64() * 1e6,
-                    p99_us: percentile(&s, 0.99).as_secs_f64() * 1e6,
+                    p50_us: s.us(0.5),
+                    p99_us: s.us(0.99),
                     iterations: s.len(),
                 });
             }
@@ -156,11 +170,15 @@ fn bandwidth(
     Ok(rows)
 }
 
-fn run(config: &Config) -> Res<()> {
+fn run(config: &flags::Bench) -> Res<()> {
     if let Some(kind) = &config.peer {
         return xproc::serve(kind);
     }
-    let mut movers: Vec<Box<dyn Mover>> = match &config.xproc_only {
+    let xproc_only: Option<Vec<String>> = config
+        .xproc_only
+        .as_ref()
+        .map(|wrap| wrap.split_whitespace().map(str::to_owned).collect());
+    let mut movers: Vec<Box<dyn Mover>> = match &xproc_only {
         Some(wrap) => vec![
             Box::new(xproc::XprocApi::new(wrap)?),
             Box::new(xproc::XprocRaw::new(wrap)?),
@@ -174,30 +192,81 @@ fn run(config: &Config) -> Res<()> {
             Box::new(xproc::XprocRaw::new(&[])?),
         ],
     };
-    let rows = bandwidth(&mut movers, config.quick, config.only.as_deref())?;
+    let only = config.sizes.as_ref().map(|s| s.0.as_slice());
+    let rows = bandwidth(&mut movers, config.quick, only)?;
     drop(movers);
-    let extras = if config.only.is_some() || config.xproc_only.is_some() {
+    let extras = if only.is_some() || xproc_only.is_some() {
         extras::Extras::default()
     } else {
         extras::measure(config.quick)?
     };
     report::print(&rows, &extras);
-    std::fs::create_dir_all(&config.out).map_err(|e| format!("{}: {e}", config.out.display()))?;
-    let json = config.out.join("report.json");
+    let out = config.out.clone().unwrap_or_else(|| "target/bench".into());
+    std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let json = out.join("report.json");
     std::fs::write(&json, report::json(&rows, &extras)).map_err(|e| e.to_string())?;
-    let svg = config.out.join("bandwidth.svg");
+    let svg = out.join("bandwidth.svg");
     std::fs::write(&svg, report::svg(&rows)).map_err(|e| e.to_string())?;
     println!("\nwrote {} and {}", json.display(), svg.display());
     Ok(())
 }
 
 fn main() -> ExitCode {
-    let result = parse().and_then(|c| run(&c));
-    match result {
+    let config = match flags::Bench::from_env() {
+        Ok(config) => config,
+        Err(e) if e.is_help() => {
+            println!("{e}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("bench: {e} (bench --help lists the options)");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("bench: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_of_a_microsecond_to_a_millisecond() {
+        let mut latencies = Latencies::new().unwrap();
+        for us in 1..=1000 {
+            latencies.record(Duration::from_micros(us)).unwrap();
+        }
+        assert_eq!(latencies.len(), 1000);
+        // Three significant digits: within 0.1 % of the exact order statistic.
+        assert!(
+            (latencies.us(0.5) - 500.0).abs() <= 0.5,
+            "{}",
+            latencies.us(0.5)
+        );
+        assert!(
+            (latencies.us(0.99) - 990.0).abs() <= 1.0,
+            "{}",
+            latencies.us(0.99)
+        );
+        assert!(
+            (latencies.us(0.0) - 1.0).abs() <= 0.001,
+            "{}",
+            latencies.us(0.0)
+        );
+    }
+
+    #[test]
+    fn sizes_are_bytes_x_count_pairs() {
+        let sizes: Sizes = "4096x1,65536x16".parse().unwrap();
+        assert_eq!(sizes.0, [(4096, 1), (65536, 16)]);
+        for bad in ["4096", "4096x", "x1", "4096x1,", "4kx1"] {
+            assert!(bad.parse::<Sizes>().is_err(), "{bad:?} accepted");
         }
     }
 }

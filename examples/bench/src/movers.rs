@@ -39,7 +39,7 @@ pub(crate) trait Mover {
     fn verify(&self, op: Op) -> bool;
 }
 
-pub(crate) use descriptor_core::conformance::pattern as fill;
+pub(crate) use test_support::pattern as fill;
 
 pub(crate) fn blocks(fill_seed: Option<u64>, block: usize, blocks: usize) -> Vec<Vec<u8>> {
     (0..blocks)

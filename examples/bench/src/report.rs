@@ -13,7 +13,7 @@ pub(crate) struct Row {
     pub(crate) gbps: f64,
     pub(crate) p50_us: f64,
     pub(crate) p99_us: f64,
-    pub(crate) iterations: usize,
+    pub(crate) iterations: u64,
 }
 
 const BACKENDS: [&str; 6] = [
@@ -243,8 +243,20 @@ fn targets(rows: &[Row], extras: &Extras) -> Vec<String> {
     out
 }
 
-fn escape(s: &str) -> String {
-    serde_json::Value::String(s.to_owned()).to_string()
+/// Text for an SVG element or attribute (XML's five escapes).
+fn xml(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&apos;"),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 pub(crate) fn json(rows: &[Row], extras: &Extras) -> String {
@@ -321,7 +333,7 @@ pub(crate) fn svg(rows: &[Row]) -> String {
             top,
             h - bottom,
             h - bottom + 18.0,
-            human(b)
+            xml(&human(b))
         );
     }
     for i in 0..=5 {
@@ -371,9 +383,55 @@ pub(crate) fn svg(rows: &[Row]) -> String {
             colors[i],
             w - right + 40.0,
             ly + 4.0,
-            escape(backend).trim_matches('"')
+            xml(backend)
         );
     }
     s.push_str("</svg>\n");
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn svg_text_is_escaped_as_xml() {
+        assert_eq!(
+            xml(r#"a<b & "c">'d'"#),
+            "a&lt;b &amp; &quot;c&quot;&gt;&apos;d&apos;"
+        );
+        assert_eq!(xml("nixl-sys-raw 64 KiB"), "nixl-sys-raw 64 KiB");
+    }
+
+    #[test]
+    fn the_plot_has_a_line_and_a_label_per_backend_measured() {
+        let row = |backend, block_bytes, gbps| Row {
+            backend,
+            op: "read",
+            block_bytes,
+            blocks: 1,
+            gbps,
+            p50_us: 1.0,
+            p99_us: 2.0,
+            iterations: 9,
+        };
+        let rows = [
+            row("memcpy", 4096, 10.0),
+            row("memcpy", 1 << 20, 20.0),
+            row("nixl", 4096, 5.0),
+            row("nixl", 1 << 20, 15.0),
+        ];
+        let svg = svg(&rows);
+        assert!(svg.starts_with("<svg ") && svg.ends_with("</svg>\n"));
+        assert_eq!(svg.matches("<polyline").count(), BACKENDS.len());
+        assert_eq!(svg.matches("<circle").count(), rows.len());
+        for label in [
+            ">memcpy</text>",
+            ">nixl</text>",
+            ">4 KiB</text>",
+            ">1 MiB</text>",
+        ] {
+            assert!(svg.contains(label), "{label} missing");
+        }
+    }
 }

@@ -10,6 +10,39 @@ use std::time::{Duration, Instant};
 
 use descriptor_core::{Connector, Descriptor, RdmaMetadata};
 
+mod flags {
+    use crate::Positive;
+
+    xflags::xflags! {
+        /// Moves KV-cache-like blocks both ways between two connectors.
+        cmd kv-cache-demo {
+            /// The backend (default: the first built, loopback before nixl).
+            optional --backend name: String
+            /// Blocks per transfer (default 64).
+            optional --blocks n: Positive
+            /// Bytes per block (default 262144).
+            optional --block-size bytes: Positive
+            /// Transfers each way (default 5).
+            optional --iterations n: Positive
+        }
+    }
+}
+
+/// A count or size on the command line: an integer above zero.
+#[derive(Debug)]
+struct Positive(usize);
+
+impl std::str::FromStr for Positive {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Positive, String> {
+        match s.parse() {
+            Ok(n) if n > 0 => Ok(Positive(n)),
+            _ => Err(format!("takes a positive integer, not {s:?}")),
+        }
+    }
+}
+
 struct Args {
     backend: String,
     blocks: usize,
@@ -17,40 +50,16 @@ struct Args {
     iterations: usize,
 }
 
-const USAGE: &str =
-    "usage: kv-cache-demo [--backend NAME] [--blocks N] [--block-size BYTES] [--iterations N]";
-
-fn parse_args() -> Result<Args, String> {
-    let mut args = Args {
-        backend: BACKENDS.first().copied().unwrap_or("loopback").into(),
-        blocks: 64,
-        block_size: 256 << 10,
-        iterations: 5,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        if flag == "--help" || flag == "-h" {
-            return Err(USAGE.into());
-        }
-        let value = it
-            .next()
-            .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
-        let number = || {
-            value
-                .parse::<usize>()
-                .ok()
-                .filter(|&n| n > 0)
-                .ok_or_else(|| format!("{flag} takes a positive integer, not {value:?}"))
-        };
-        match flag.as_str() {
-            "--backend" => args.backend = value.clone(),
-            "--blocks" => args.blocks = number()?,
-            "--block-size" => args.block_size = number()?,
-            "--iterations" => args.iterations = number()?,
-            _ => return Err(format!("unknown option {flag:?}\n{USAGE}")),
+impl From<flags::KvCacheDemo> for Args {
+    fn from(flags: flags::KvCacheDemo) -> Args {
+        let first = BACKENDS.first().copied().unwrap_or("loopback");
+        Args {
+            backend: flags.backend.unwrap_or_else(|| first.into()),
+            blocks: flags.blocks.map_or(64, |n| n.0),
+            block_size: flags.block_size.map_or(256 << 10, |n| n.0),
+            iterations: flags.iterations.map_or(5, |n| n.0),
         }
     }
-    Ok(args)
 }
 
 /// Backends compiled into this build, by the crate's features.
@@ -268,10 +277,14 @@ fn main() -> ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .init();
-    let args = match parse_args() {
-        Ok(a) => a,
+    let args = match flags::KvCacheDemo::from_env() {
+        Ok(flags) => Args::from(flags),
+        Err(e) if e.is_help() => {
+            println!("{e}");
+            return ExitCode::SUCCESS;
+        }
         Err(e) => {
-            eprintln!("{e}");
+            eprintln!("kv-cache-demo: {e} (--help lists the options)");
             return ExitCode::from(2);
         }
     };

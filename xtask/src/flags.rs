@@ -1,0 +1,56 @@
+//! The command line of `cargo xtask`, declared with xflags (as rust-analyzer's
+//! xtask does); `--help` on any command prints its part.
+
+xflags::xflags! {
+    /// Project automation for nixl-connect.
+    cmd xtask {
+        /// fmt check, clippy -D warnings, feature combinations, all tests and
+        /// doc tests, loom, ASan, fuzz, rustdoc -D warnings, demos.
+        cmd test {
+            /// The long load runs too: 16 x 10,000 loopback operations, 1 GiB kill tests.
+            optional --long
+        }
+        /// Move KV-cache-like blocks both ways and report bandwidth (release build).
+        cmd demo {
+            /// loopback (the default) or nixl.
+            optional --backend name: String
+            /// Blocks per transfer (default 64).
+            optional --blocks n: usize
+            /// Bytes per block (default 262144).
+            optional --block-size bytes: usize
+            /// Transfers each way (default 5).
+            optional --iterations n: usize
+        }
+        /// memcpy / loopback / nixl / raw nixl-sys, in and across processes, then
+        /// the criterion hot paths; writes target/bench/.
+        cmd bench {
+            /// Fewer sizes and iterations.
+            optional --quick
+            /// Only the Python package against Dynamo's module.
+            optional --python
+            /// Only the cross-process rows, across two network namespaces over TCP.
+            optional --two-hosts
+        }
+        /// libFuzzer on the metadata, agent-blob and device parsers.
+        cmd fuzz {
+            /// Seconds per parser (default 60).
+            optional --seconds n: u64
+        }
+        /// Release GPU checks and the NIXL runtime they need in target/gpu-bundle (run.sh).
+        cmd gpu-bundle {}
+        /// Fetch the NIXL runtime into target/nixl-runtime (idempotent).
+        cmd nixl-runtime {}
+    }
+}
+
+impl Bench {
+    /// `--python` and `--two-hosts` pick different rows: one or the other.
+    pub(crate) fn validate(&self) -> xflags::Result<()> {
+        if self.python && self.two_hosts {
+            return Err(xflags::Error::new(
+                "bench: --python and --two-hosts cannot be combined",
+            ));
+        }
+        Ok(())
+    }
+}
