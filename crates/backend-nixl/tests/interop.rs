@@ -14,19 +14,24 @@ use test_support::{Peer, crc32_of, runtime_available};
 
 const WAIT: Duration = Duration::from_secs(60);
 
-/// `PYTHONPATH` that imports `nixl_cu12` and numpy: `$NIXL_PYTHONPATH`, or the
-/// runtime `cargo xtask nixl-runtime` unpacks in this workspace.
+/// Dynamo's module in a `python3` that imports `nixl_cu12` and numpy: with
+/// `$NIXL_PYTHONPATH`, else the runtime folder `$NIXL_RUNTIME_DIR` (as
+/// `cargo xtask test` sets), else the environment's own (an activated venv).
 fn python_peer(args: &[&str]) -> Peer {
-    let pythonpath = std::env::var("NIXL_PYTHONPATH").unwrap_or_else(|_| {
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../target/nixl-runtime/nixl-cu12-1.5.1");
-        format!("{}:{}", root.display(), root.join("site").display())
+    let pythonpath = std::env::var("NIXL_PYTHONPATH").ok().or_else(|| {
+        let root = PathBuf::from(std::env::var_os("NIXL_RUNTIME_DIR")?);
+        Some(format!(
+            "{}:{}",
+            root.display(),
+            root.join("site").display()
+        ))
     });
     let mut command = Command::new("python3");
-    command
-        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/interop/dynamo_peer.py"))
-        .args(args)
-        .env("PYTHONPATH", pythonpath);
+    command.arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/interop/dynamo_peer.py"));
+    command.args(args);
+    if let Some(pythonpath) = pythonpath {
+        command.env("PYTHONPATH", pythonpath);
+    }
     Peer::spawn(command)
 }
 
