@@ -187,6 +187,25 @@ pub(crate) fn run(root: &Path, mut cmd: Command) -> bool {
     }
 }
 
+/// Runs `cmd` showing only the command line; its output is shown if it fails.
+pub(crate) fn run_quiet(cmd: &mut Command) -> Result<(), String> {
+    eprintln!("$ {}", describe(cmd));
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", describe(cmd)))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} failed ({}):\n{}{}",
+            describe(cmd),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
 pub(crate) fn describe(cmd: &Command) -> String {
     let mut parts = vec![cmd.get_program().to_string_lossy().into_owned()];
     parts.extend(cmd.get_args().map(|a| a.to_string_lossy().into_owned()));

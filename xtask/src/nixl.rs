@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::{describe, wheel};
+use crate::{run_quiet, wheel};
 
 /// The NIXL release the runtime, the test virtualenvs and the Python tests
 /// use; everything else here is derived from it. backend-nixl's `PIP_PACKAGE`
@@ -40,24 +40,6 @@ fn runtime_paths(root: &Path) -> Runtime {
     Runtime {
         root: dir,
         pythonpath,
-    }
-}
-
-fn run_quiet(cmd: &mut Command) -> Result<(), String> {
-    eprintln!("$ {}", describe(cmd));
-    let out = cmd
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", describe(cmd)))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{} failed ({}):\n{}{}",
-            describe(cmd),
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ))
     }
 }
 

@@ -18,7 +18,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::{describe, nixl, wheel};
+use crate::{nixl, run_quiet, wheel};
 
 /// What the virtualenv holds; written to its stamp file.
 const REQUIREMENTS: &[&str] = &["maturin>=1.9,<2", "pytest>=8", "pydantic>=2.10.6,<=2.13.5"];
@@ -50,24 +50,6 @@ fn paths(root: &Path) -> Venv {
         dynamo_src: venv.join("dynamo-src"),
         torch_stub: venv.join("torch-stub"),
         root: venv,
-    }
-}
-
-fn run_quiet(cmd: &mut Command) -> Result<(), String> {
-    eprintln!("$ {}", describe(cmd));
-    let out = cmd
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", describe(cmd)))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{} failed ({}):\n{}{}",
-            describe(cmd),
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ))
     }
 }
 
