@@ -537,7 +537,7 @@ fn demo(root: &Path, args: &flags::Demo) -> Result<(), u8> {
 fn bench(ws: &Workspace, args: &flags::Bench) -> Result<(), u8> {
     let (root, quick) = (ws.root.as_path(), args.quick);
     if args.python {
-        return python::bench(root, quick);
+        return python::bench(ws, quick);
     }
     if args.two_hosts {
         let runtime = nixl::provision(root, "bench")?;
@@ -574,7 +574,7 @@ fn bench(ws: &Workspace, args: &flags::Bench) -> Result<(), u8> {
     // The Python rows (nixl_connect vs the real Dynamo module) when the
     // Python environment exists (`cargo xtask test` or `bench --python` made it).
     if python::venv_exists(root) {
-        python::bench(root, quick)?;
+        python::bench(ws, quick)?;
     }
     Ok(())
 }

@@ -238,12 +238,19 @@ pub(crate) fn venv_exists(root: &Path) -> bool {
 /// `cargo xtask bench --python`: round trips through `nixl_connect` (NIXL)
 /// and the real Dynamo module, interleaved; rows merged into
 /// `target/bench/report.json` (`py-nixl-connect`, `py-dynamo`).
-pub(crate) fn bench(root: &Path, quick: bool) -> Result<(), u8> {
+pub(crate) fn bench(ws: &crate::Workspace, quick: bool) -> Result<(), u8> {
+    let root = ws.root.as_path();
     let venv = ensure_venv(root).map_err(|e| {
         eprintln!("xtask bench --python: {e}");
         1
     })?;
     if !install_package(root, &venv) {
+        return Err(1);
+    }
+    // The Rust API's worker, the baseline measured in the same run.
+    let mut build = crate::cargo();
+    build.args(["build", "--quiet", "--release", "-p", "bench"]);
+    if !crate::run(root, build) {
         return Err(1);
     }
     let out = root.join("target/bench");
@@ -256,6 +263,10 @@ pub(crate) fn bench(root: &Path, quick: bool) -> Result<(), u8> {
         .arg("--report")
         .arg(out.join("report.json"))
         .envs(test_env(&venv))
+        .env(
+            "NIXL_CONNECT_RUST_WORKER",
+            ws.target.join("release").join("bench"),
+        )
         .env_remove("VIRTUAL_ENV")
         .env_remove("NIXL_RUNTIME_DIR")
         .env_remove("NIXL_CAPI_LIB");

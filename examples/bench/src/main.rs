@@ -6,6 +6,7 @@
 
 mod extras;
 mod movers;
+mod pyworker;
 mod report;
 mod xproc;
 
@@ -39,6 +40,8 @@ mod flags {
             /// Only the cross-process rows, the peer run through this command
             /// prefix ('ip netns exec host-b'; '' runs it plainly).
             optional --xproc-only prefix: String
+            /// Serve `bench --python` as its Rust API worker (JSON lines on stdin).
+            optional --python-worker
         }
     }
 }
@@ -173,6 +176,9 @@ fn bandwidth(
 fn run(config: &flags::Bench) -> Res<()> {
     if let Some(kind) = &config.peer {
         return xproc::serve(kind);
+    }
+    if config.python_worker {
+        return pyworker::serve();
     }
     let xproc_only: Option<Vec<String>> = config
         .xproc_only

@@ -94,6 +94,9 @@ pub(crate) struct Api {
     active: Connector,
     passive_descs: Vec<Descriptor>,
     active_descs: Vec<Descriptor>,
+    /// How the active side waits: `wait()` (the default), or awaiting its
+    /// completion future on a thread-parking executor.
+    pub(crate) awaiting: bool,
 }
 
 impl Api {
@@ -127,6 +130,7 @@ impl Api {
             active,
             passive_descs: Vec::new(),
             active_descs: Vec::new(),
+            awaiting: false,
         }
     }
 
@@ -168,7 +172,11 @@ impl Mover for Api {
                     .active
                     .begin_read(readable.metadata(), active)
                     .map_err(e)?;
-                read.wait().map_err(e)?;
+                if self.awaiting {
+                    futures::executor::block_on(read.completion()).map_err(e)?;
+                } else {
+                    read.wait().map_err(e)?;
+                }
                 let elapsed = started.elapsed();
                 readable.wait().map_err(e)?;
                 (
@@ -184,7 +192,11 @@ impl Mover for Api {
                     .active
                     .begin_write(active, writable.metadata())
                     .map_err(e)?;
-                write.wait().map_err(e)?;
+                if self.awaiting {
+                    futures::executor::block_on(write.completion()).map_err(e)?;
+                } else {
+                    write.wait().map_err(e)?;
+                }
                 let elapsed = started.elapsed();
                 writable.wait().map_err(e)?;
                 (
@@ -204,6 +216,16 @@ impl Mover for Api {
             .iter()
             .zip(&self.active_descs)
             .all(|(p, a)| p.as_slice() == a.as_slice())
+    }
+}
+
+impl Api {
+    /// CRC-32 of the buffers the last transfer wrote into.
+    pub(crate) fn destination_crc(&self, op: Op) -> u32 {
+        test_support::crc32_of(match op {
+            Op::Read => &self.active_descs,
+            Op::Write => &self.passive_descs,
+        })
     }
 }
 
