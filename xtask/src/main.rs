@@ -187,6 +187,14 @@ pub(crate) fn run(root: &Path, mut cmd: Command) -> bool {
     }
 }
 
+/// `PYTHON -m pip VERB --quiet --disable-pip-version-check`: how every pip
+/// call starts.
+pub(crate) fn pip(python: impl AsRef<std::ffi::OsStr>, verb: &str) -> Command {
+    let mut cmd = Command::new(python);
+    cmd.args(["-m", "pip", verb, "--quiet", "--disable-pip-version-check"]);
+    cmd
+}
+
 /// Runs `cmd` showing only the command line; its output is shown if it fails.
 pub(crate) fn run_quiet(cmd: &mut Command) -> Result<(), String> {
     eprintln!("$ {}", describe(cmd));

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::{run_quiet, wheel};
+use crate::{pip, run_quiet, wheel};
 
 /// The NIXL release the runtime, the test virtualenvs and the Python tests
 /// use; everything else here is derived from it. backend-nixl's `PIP_PACKAGE`
@@ -72,16 +72,8 @@ pub(crate) fn ensure_runtime(root: &Path) -> Result<Runtime, String> {
     );
     for package in [requirement().as_str(), NUMPY] {
         run_quiet(
-            Command::new("python3")
-                .args([
-                    "-m",
-                    "pip",
-                    "download",
-                    "--quiet",
-                    "--no-deps",
-                    "--only-binary=:all:",
-                    "-d",
-                ])
+            pip("python3", "download")
+                .args(["--no-deps", "--only-binary=:all:", "-d"])
                 .arg(&wheels)
                 .arg(package),
         )?;
@@ -97,16 +89,8 @@ pub(crate) fn ensure_runtime(root: &Path) -> Result<Runtime, String> {
         KEEP.iter().any(|k| name.starts_with(k))
     })?;
     run_quiet(
-        Command::new("python3")
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--no-deps",
-                "--no-index",
-                "--find-links",
-            ])
+        pip("python3", "install")
+            .args(["--no-deps", "--no-index", "--find-links"])
             .arg(&wheels)
             .arg("--target")
             .arg(staging.join("site"))
@@ -142,16 +126,8 @@ pub(crate) fn ensure_test_venv(root: &Path) -> Result<PathBuf, String> {
     let _ = std::fs::remove_dir_all(&venv);
     run_quiet(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
     run_quiet(
-        Command::new(venv.join("bin/python"))
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--no-deps",
-                "--no-index",
-                "--find-links",
-            ])
+        pip(venv.join("bin/python"), "install")
+            .args(["--no-deps", "--no-index", "--find-links"])
             .arg(root.join("target/nixl-runtime/wheels"))
             .arg(requirement()),
     )?;

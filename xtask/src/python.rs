@@ -89,15 +89,8 @@ pub(crate) fn ensure_venv(root: &Path) -> Result<Venv, String> {
     let _ = std::fs::remove_dir_all(&venv.root);
     run_quiet(Command::new("python3").args(["-m", "venv"]).arg(&venv.root))?;
     let pip = |args: &[&str]| {
-        let mut cmd = Command::new(&venv.python);
-        cmd.args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-        ])
-        .args(args);
+        let mut cmd = crate::pip(&venv.python, "install");
+        cmd.args(args);
         cmd
     };
     run_quiet(&mut pip(REQUIREMENTS))?;
@@ -122,8 +115,8 @@ pub(crate) fn ensure_venv(root: &Path) -> Result<Venv, String> {
     let downloads_arg = downloads.display().to_string();
     for package in [nixl_meta(), dynamo()] {
         run_quiet(
-            Command::new(&venv.python)
-                .args(["-m", "pip", "download", "--quiet", "--no-deps", "-d"])
+            crate::pip(&venv.python, "download")
+                .args(["--no-deps", "-d"])
                 .arg(&downloads)
                 .arg(package),
         )?;
@@ -163,21 +156,12 @@ pub(crate) fn ensure_venv(root: &Path) -> Result<Venv, String> {
 /// (`pip install ./crates/nixl-connect-py`, maturin as the build backend;
 /// already in the virtualenv, so no download).
 pub(crate) fn install_package(root: &Path, venv: &Venv) -> bool {
-    let mut cmd = Command::new(&venv.python);
-    cmd.args([
-        "-m",
-        "pip",
-        "install",
-        "--quiet",
-        "--disable-pip-version-check",
-        "--no-build-isolation",
-        "--no-deps",
-        "--force-reinstall",
-    ])
-    .arg(root.join(PACKAGE_DIR))
-    .env("CARGO_TARGET_DIR", root.join(BUILD_DIR))
-    // maturin's PEP 517 hooks run the `maturin` executable from PATH.
-    .env("PATH", path_with(&venv.root.join("bin")));
+    let mut cmd = crate::pip(&venv.python, "install");
+    cmd.args(["--no-build-isolation", "--no-deps", "--force-reinstall"])
+        .arg(root.join(PACKAGE_DIR))
+        .env("CARGO_TARGET_DIR", root.join(BUILD_DIR))
+        // maturin's PEP 517 hooks run the `maturin` executable from PATH.
+        .env("PATH", path_with(&venv.root.join("bin")));
     crate::run(root, cmd)
 }
 
