@@ -7,7 +7,7 @@ use backend_nixl::NixlBackend;
 use descriptor_core::{Connector, Descriptor};
 use nixl_sys::{
     Agent, AgentConfig, MemType, MemoryRegion, NixlDescriptor, NotificationMap, OptArgs,
-    RegistrationHandle, XferDescList, XferOp, XferStatus,
+    RegistrationHandle, XferDescList, XferOp, XferRequest, XferStatus,
 };
 
 pub(crate) type Res<T> = Result<T, String>;
@@ -291,14 +291,44 @@ impl RawNixl {
             active_bufs: Vec::new(),
         })
     }
+}
 
-    fn list(bufs: &[Buf]) -> Res<XferDescList<'static>> {
-        let mut list = XferDescList::new(MemType::Dram).map_err(nixl("list"))?;
-        for b in bufs {
-            list.add_desc(b.0.as_ptr() as usize, b.0.len(), 0);
-        }
-        Ok(list)
+/// A DRAM transfer list of (address, length) ranges, for the raw baselines.
+pub(crate) fn dram_list(
+    ranges: impl IntoIterator<Item = (usize, usize)>,
+) -> Res<XferDescList<'static>> {
+    let mut list = XferDescList::new(MemType::Dram).map_err(nixl("list"))?;
+    for (addr, len) in ranges {
+        list.add_desc(addr, len, 0);
     }
+    Ok(list)
+}
+
+/// The ranges of host buffers.
+pub(crate) fn ranges(bufs: &[Buf]) -> impl Iterator<Item = (usize, usize)> + '_ {
+    bufs.iter().map(|b| (b.0.as_ptr() as usize, b.0.len()))
+}
+
+/// One request as the raw baselines build it: per transfer, with the
+/// notification attached, as the Dynamo protocol needs.
+pub(crate) fn raw_request(
+    agent: &Agent,
+    op: Op,
+    (local, remote): (&XferDescList<'_>, &XferDescList<'_>),
+    peer: &str,
+    notification: &[u8],
+) -> Res<XferRequest> {
+    let mut args = OptArgs::new().map_err(nixl("args"))?;
+    args.set_notification_message(notification)
+        .map_err(nixl("notif"))?;
+    args.set_has_notification(true).map_err(nixl("notif"))?;
+    let op = match op {
+        Op::Read => XferOp::Read,
+        Op::Write => XferOp::Write,
+    };
+    agent
+        .create_xfer_req(op, local, remote, peer, Some(&args))
+        .map_err(nixl("create"))
 }
 
 impl Mover for RawNixl {
@@ -332,20 +362,15 @@ impl Mover for RawNixl {
 
     fn run(&mut self, op: Op) -> Res<Duration> {
         let started = Instant::now();
-        let local = RawNixl::list(&self.active_bufs)?;
-        let remote = RawNixl::list(&self.passive_bufs)?;
-        let mut args = OptArgs::new().map_err(nixl("args"))?;
-        args.set_notification_message(b"raw-bench")
-            .map_err(nixl("notif"))?;
-        args.set_has_notification(true).map_err(nixl("notif"))?;
-        let xop = match op {
-            Op::Read => XferOp::Read,
-            Op::Write => XferOp::Write,
-        };
-        let req = self
-            .active
-            .create_xfer_req(xop, &local, &remote, &self.peer, Some(&args))
-            .map_err(nixl("create"))?;
+        let local = dram_list(ranges(&self.active_bufs))?;
+        let remote = dram_list(ranges(&self.passive_bufs))?;
+        let req = raw_request(
+            &self.active,
+            op,
+            (&local, &remote),
+            &self.peer,
+            b"raw-bench",
+        )?;
         let mut notifs = NotificationMap::new().map_err(nixl("map"))?;
         let mut got = 0;
         if self

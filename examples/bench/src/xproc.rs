@@ -20,11 +20,9 @@ use std::time::{Duration, Instant};
 
 use backend_nixl::NixlBackend;
 use descriptor_core::{Connector, Descriptor, RdmaMetadata};
-use nixl_sys::{
-    Agent, AgentConfig, MemType, NotificationMap, OptArgs, XferDescList, XferOp, XferStatus,
-};
+use nixl_sys::{Agent, AgentConfig, NotificationMap, XferStatus};
 
-use crate::movers::{Buf, Mover, Op, Res, blocks, seeds};
+use crate::movers::{Buf, Mover, Op, Res, blocks, dram_list, ranges, raw_request, seeds};
 
 /// NIXL's progress-thread delay of the raw baseline, as the issue asks.
 const RAW_PROGRESS_DELAY: Duration = Duration::from_millis(10);
@@ -217,14 +215,6 @@ fn raw_agent(name: &str) -> Res<Agent> {
     Ok(agent)
 }
 
-fn list(bufs: impl Iterator<Item = (usize, usize)>) -> Res<XferDescList<'static>> {
-    let mut list = XferDescList::new(MemType::Dram).map_err(|e| format!("list: {e}"))?;
-    for (addr, len) in bufs {
-        list.add_desc(addr, len, 0);
-    }
-    Ok(list)
-}
-
 /// `nixl-sys-raw-xproc`: raw nixl-sys, the target in a child process.
 pub(crate) struct XprocRaw {
     peer: RefCell<Peer>,
@@ -294,20 +284,15 @@ impl Mover for XprocRaw {
     fn run(&mut self, op: Op) -> Res<Duration> {
         let nixl = |what: &'static str| move |e: nixl_sys::NixlError| format!("{what}: {e}");
         let started = Instant::now();
-        let local = list(self.bufs.iter().map(|b| (b.0.as_ptr() as usize, b.0.len())))?;
-        let remote = list(self.remote.iter().copied())?;
-        let mut args = OptArgs::new().map_err(nixl("args"))?;
-        args.set_notification_message(b"raw-xproc")
-            .map_err(nixl("notif"))?;
-        args.set_has_notification(true).map_err(nixl("notif"))?;
-        let xop = match op {
-            Op::Read => XferOp::Read,
-            Op::Write => XferOp::Write,
-        };
-        let req = self
-            .agent
-            .create_xfer_req(xop, &local, &remote, &self.remote_name, Some(&args))
-            .map_err(nixl("create"))?;
+        let local = dram_list(ranges(&self.bufs))?;
+        let remote = dram_list(self.remote.iter().copied())?;
+        let req = raw_request(
+            &self.agent,
+            op,
+            (&local, &remote),
+            &self.remote_name,
+            b"raw-xproc",
+        )?;
         if self.agent.post_xfer_req(&req, None).map_err(nixl("post"))? {
             while self.agent.get_xfer_status(&req).map_err(nixl("status"))?
                 == XferStatus::InProgress
