@@ -47,32 +47,32 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
     );
 }
 
-fn active(backend: &Arc<Scripted>) -> Arc<OpShared> {
+/// A READ of 8 bytes: active (transfer 1 posted) or passive (exposure 1 made).
+fn read(backend: &Arc<Scripted>, passive: bool) -> Arc<OpShared> {
+    let (status, pending) = if passive {
+        (OperationStatus::Initialized, Pending::Exposure(ExposureId(1)))
+    } else {
+        (OperationStatus::InProgress, Pending::Transfer(TransferId(1)))
+    };
     OpShared::new(
         Arc::clone(backend) as Arc<dyn RegistrationBackend>,
         Role {
             kind: OperationKind::Read,
-            passive: false,
+            passive,
         },
         8,
-        OperationStatus::InProgress,
-        Pending::Transfer(TransferId(1)),
+        status,
+        pending,
         None,
     )
 }
 
+fn active(backend: &Arc<Scripted>) -> Arc<OpShared> {
+    read(backend, false)
+}
+
 fn passive(backend: &Arc<Scripted>) -> Arc<OpShared> {
-    OpShared::new(
-        Arc::clone(backend) as Arc<dyn RegistrationBackend>,
-        Role {
-            kind: OperationKind::Read,
-            passive: true,
-        },
-        8,
-        OperationStatus::Initialized,
-        Pending::Exposure(ExposureId(1)),
-        None,
-    )
+    read(backend, true)
 }
 
 /// Status observations, to check that a terminal status never changes.
