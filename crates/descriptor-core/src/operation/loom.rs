@@ -50,9 +50,15 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
 /// A READ of 8 bytes: active (transfer 1 posted) or passive (exposure 1 made).
 fn read(backend: &Arc<Scripted>, passive: bool) -> Arc<OpShared> {
     let (status, pending) = if passive {
-        (OperationStatus::Initialized, Pending::Exposure(ExposureId(1)))
+        (
+            OperationStatus::Initialized,
+            Pending::Exposure(ExposureId(1)),
+        )
     } else {
-        (OperationStatus::InProgress, Pending::Transfer(TransferId(1)))
+        (
+            OperationStatus::InProgress,
+            Pending::Transfer(TransferId(1)),
+        )
     };
     OpShared::new(
         Arc::clone(backend) as Arc<dyn RegistrationBackend>,
