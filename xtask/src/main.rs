@@ -257,6 +257,9 @@ struct Step {
     name: &'static str,
     ok: bool,
     took: Duration,
+    /// For a failed step run through [`Steps::run`], what the summary repeats
+    /// of its output (CI often keeps only the end of a long log).
+    digest: Vec<String>,
 }
 
 /// The steps of `cargo xtask test`, each timed; all run, failed or not.
@@ -267,19 +270,98 @@ struct Steps<'a> {
 
 impl Steps<'_> {
     fn time(&mut self, name: &'static str, step: impl FnOnce(&Path) -> bool) {
+        self.timed(name, |root| (step(root), Vec::new()));
+    }
+
+    fn timed(&mut self, name: &'static str, step: impl FnOnce(&Path) -> (bool, Vec<String>)) {
         let started = Instant::now();
         eprintln!("\n== {name} ==");
-        let ok = step(self.root);
+        let (ok, digest) = step(self.root);
         self.done.push(Step {
             name,
             ok,
             took: started.elapsed(),
+            digest: if ok { Vec::new() } else { digest },
         });
     }
 
+    /// Runs `cmd` as a step, its output shown as it comes and digested for
+    /// the summary.
     fn run(&mut self, name: &'static str, cmd: Command) {
-        self.time(name, |root| run(root, cmd));
+        self.timed(name, |root| run_digested(root, cmd));
     }
+}
+
+/// Lines of a failed step's output worth repeating in the summary: which tests
+/// failed and why, wherever they appear.
+fn is_telling(line: &str) -> bool {
+    line.starts_with("---- ")
+        || line.starts_with("error")
+        || line.contains("panicked at")
+        || line.contains("AddressSanitizer")
+        || line.contains("test result: FAILED")
+}
+
+/// [`run`], echoing the command's output while keeping its telling lines and
+/// its last lines for [`Step::digest`].
+fn run_digested(root: &Path, mut cmd: Command) -> (bool, Vec<String>) {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    use std::sync::Mutex;
+    const TAIL: usize = 30;
+    const TELLING: usize = 40;
+
+    cmd.current_dir(root)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    eprintln!("$ {}", describe(&cmd));
+    let mut child = match cmd.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            let line = format!("xtask: cannot run {}: {e}", describe(&cmd));
+            eprintln!("{line}");
+            return (false, vec![line]);
+        }
+    };
+    let kept = Mutex::new((Vec::new(), std::collections::VecDeque::new()));
+    let keep = |line: String| {
+        let mut kept = kept.lock().unwrap_or_else(|e| e.into_inner());
+        let (telling, tail) = &mut *kept;
+        if is_telling(&line) && telling.len() < TELLING {
+            telling.push(line.clone());
+        }
+        if tail.len() == TAIL {
+            tail.pop_front();
+        }
+        tail.push_back(line);
+    };
+    let (out, err) = (child.stdout.take(), child.stderr.take());
+    std::thread::scope(|s| {
+        if let Some(out) = out {
+            s.spawn(|| {
+                for line in BufReader::new(out).lines().map_while(Result::ok) {
+                    println!("{line}");
+                    keep(line);
+                }
+            });
+        }
+        if let Some(err) = err {
+            s.spawn(|| {
+                for line in BufReader::new(err).lines().map_while(Result::ok) {
+                    eprintln!("{line}");
+                    keep(line);
+                }
+            });
+        }
+    });
+    let ok = child.wait().is_ok_and(|status| status.success());
+    let (telling, tail) = kept.into_inner().unwrap_or_else(|e| e.into_inner());
+    let mut digest = telling;
+    if !digest.is_empty() {
+        digest.push("...".to_owned());
+    }
+    digest.extend(tail);
+    (ok, digest)
 }
 
 fn test(ws: &Workspace, long: bool) -> Result<(), u8> {
@@ -484,6 +566,12 @@ fn test(ws: &Workspace, long: bool) -> Result<(), u8> {
             s.took.as_secs_f64()
         );
     }
+    for s in steps.iter().filter(|s| !s.digest.is_empty()) {
+        println!("\n  {} failed; from its output:", s.name);
+        for line in &s.digest {
+            println!("    | {line}");
+        }
+    }
     let failed = steps.iter().filter(|s| !s.ok).count();
     if failed == 0 {
         println!("  all {} steps passed", steps.len());
@@ -585,4 +673,27 @@ fn bench(ws: &Workspace, args: &flags::Bench) -> Result<(), u8> {
         python::bench(ws, quick)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_step_keeps_its_telling_lines_and_its_end() {
+        let mut cmd = Command::new("sh");
+        cmd.args([
+            "-c",
+            "echo '---- t stdout ----'; for i in $(seq 1 50); do echo line $i; done; \
+             echo 'thread x panicked at a.rs:1' >&2; exit 3",
+        ]);
+        let (ok, digest) = run_digested(Path::new("."), cmd);
+        assert!(!ok);
+        assert_eq!(digest[0], "---- t stdout ----");
+        assert_eq!(digest[1], "thread x panicked at a.rs:1");
+        assert_eq!(digest[2], "...");
+        assert_eq!(digest.len(), 3 + 30);
+        assert!(digest[3..].contains(&"line 50".to_owned()), "{digest:?}");
+        assert!(!digest[3..].contains(&"line 10".to_owned()), "{digest:?}");
+    }
 }
