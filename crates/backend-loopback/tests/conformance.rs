@@ -113,8 +113,8 @@ fn injected_failure_errors_the_operation_and_moves_nothing() {
 }
 
 #[test]
-fn delayed_transfer_is_in_progress_then_complete() {
-    conformance::delayed_transfer_is_in_progress_then_complete(&Loopback::new());
+fn stalled_transfer_is_in_progress_then_complete() {
+    conformance::stalled_transfer_is_in_progress_then_complete(&Loopback::new());
 }
 
 #[test]

@@ -353,11 +353,12 @@ fn faults_leave_no_registration_exposure_or_peer_behind() {
             failed.wait_timeout(LONG),
             Err(Error::TransferFailed { .. })
         ));
-        faults.delay_next_transfer(Duration::from_millis(100));
+        let stall = faults.stall_next_transfer();
         let slow = client
             .begin_write(filled(31, 4096), writable.metadata())
             .unwrap();
         slow.cancel();
+        stall.release();
         faults.drop_next_notification();
         let silent = client
             .begin_write(filled(32, 4096), writable.metadata())
@@ -367,11 +368,12 @@ fn faults_leave_no_registration_exposure_or_peer_behind() {
             writable.wait_timeout(SHORT),
             Err(Error::TimedOut(_))
         ));
-        faults.delay_next_transfer(Duration::from_millis(50));
+        let stall = faults.stall_next_transfer();
         let dropped = client
             .begin_write(filled(33, 4096), writable.metadata())
             .unwrap();
         drop(dropped);
+        stall.release();
         assert!(
             fabric.usage("server").unwrap().0 > 0,
             "while alive, things are registered"

@@ -18,6 +18,12 @@ use descriptor_core::conformance::{filled, zeroed_one};
 use descriptor_core::faults::Faulty;
 use descriptor_core::{Connector, OperationFuture};
 
+/// How long a scenario may take before the test calls it a deadlock, and how
+/// long each wait inside it may last: far beyond what they need (a few
+/// seconds under AddressSanitizer), so a busy machine cannot fail them.
+const BOUND: Duration = Duration::from_secs(90);
+const WAIT: Duration = Duration::from_secs(40);
+
 /// Runs `f` on a thread; returns its result, or None if it did not finish in `limit`.
 fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
     let (tx, rx) = mpsc::channel();
@@ -32,7 +38,7 @@ fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'st
 /// its own agent, whose hook polls the same transfer: self-deadlock.
 #[test]
 fn self_read_with_delay_completes() {
-    let done = within(Duration::from_secs(10), || {
+    let done = within(BOUND, || {
         let fabric = Fabric::new();
         let backend = Faulty::new(LoopbackBackend::new(&fabric, "solo").unwrap());
         let faults = backend.faults();
@@ -40,7 +46,7 @@ fn self_read_with_delay_completes() {
         let readable = c.create_readable(filled(1, 4096)).unwrap();
         faults.delay_next_transfer(Duration::from_millis(50));
         let read = c.begin_read(readable.metadata(), zeroed_one(4096)).unwrap();
-        let r = read.wait_timeout(Duration::from_secs(5));
+        let r = read.wait_timeout(WAIT);
         format!("{r:?}")
     });
     assert_eq!(
@@ -56,7 +62,7 @@ fn self_read_with_delay_completes() {
 /// lock: ABBA deadlock between the two delay threads.
 #[test]
 fn crossed_delayed_reads_complete() {
-    let done = within(Duration::from_secs(15), || {
+    let done = within(BOUND, || {
         let fabric = Fabric::new();
         let ba = Faulty::new(LoopbackBackend::new(&fabric, "a").unwrap());
         let bb = Faulty::new(LoopbackBackend::new(&fabric, "b").unwrap());
@@ -69,8 +75,8 @@ fn crossed_delayed_reads_complete() {
         fb.delay_next_transfer(Duration::from_millis(200));
         let read_a = a.begin_read(rb.metadata(), zeroed_one(N)).unwrap();
         let read_b = b.begin_read(ra.metadata(), zeroed_one(N)).unwrap();
-        let x = read_a.wait_timeout(Duration::from_secs(5));
-        let y = read_b.wait_timeout(Duration::from_secs(5));
+        let x = read_a.wait_timeout(WAIT);
+        let y = read_b.wait_timeout(WAIT);
         format!("{x:?} {y:?}")
     });
     assert_eq!(
@@ -97,7 +103,7 @@ impl Wake for DropOnWake {
 /// thread is the *peer's* `begin_read`, which never returns.
 #[test]
 fn waker_that_drops_the_operation_does_not_deadlock_the_peer() {
-    let done = within(Duration::from_secs(10), || {
+    let done = within(BOUND, || {
         let fabric = Fabric::new();
         let server = Connector::new(LoopbackBackend::new(&fabric, "server").unwrap());
         let client = Connector::new(LoopbackBackend::new(&fabric, "client").unwrap());
@@ -114,7 +120,7 @@ fn waker_that_drops_the_operation_does_not_deadlock_the_peer() {
         // The client's READ completes inline and notifies the server, whose
         // engine hook finishes the readable and wakes `waker` in this thread.
         let read = client.begin_read(&meta, zeroed_one(4096)).unwrap();
-        format!("{:?}", read.wait_timeout(Duration::from_secs(5)))
+        format!("{:?}", read.wait_timeout(WAIT))
     });
     assert_eq!(
         done.as_deref(),

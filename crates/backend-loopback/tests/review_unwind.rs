@@ -19,8 +19,10 @@ use std::time::Duration;
 use backend_loopback::{Fabric, LoopbackBackend};
 use common::{Call, hooked};
 use descriptor_core::conformance::filled;
-use descriptor_core::faults::Faults;
-use descriptor_core::{Connector, Descriptor, OperationStatus, RegistrationBackend, Release};
+use descriptor_core::faults::{Faults, Stall};
+use descriptor_core::{
+    Connector, Descriptor, OperationStatus, ReadableOperation, RegistrationBackend, Release,
+};
 
 #[derive(Clone, Copy, PartialEq)]
 enum Mode {
@@ -61,17 +63,23 @@ impl Wake for PanicWake {
 
 const N: usize = 512; // a tcache-sized block: the next malloc(512) reuses it
 
-/// Runs `end_op` (which drops or cancels an operation whose delayed transfer
-/// is still to run; `panics` says whether a panic is expected to come out of
-/// it), then allocates a same-sized victim and checks that the transfer does
-/// not write into it.
-fn check_no_write_after_free(end_op: impl FnOnce(), panics: bool, freed_addr: usize) {
+/// Runs `end_op` (which drops or cancels a read whose stalled transfer is
+/// still to run; `panics` says whether a panic is expected to come out of
+/// it), then allocates a same-sized victim, lets the transfer run, and checks
+/// that it did not write into the victim.
+fn check_no_write_after_free(
+    end_op: impl FnOnce(),
+    panics: bool,
+    stall: Stall,
+    readable: &ReadableOperation,
+) {
     let r = catch_unwind(AssertUnwindSafe(end_op));
     assert_eq!(r.is_err(), panics, "did the operation's end panic?");
+    // Often at the very address of the read's buffer, had it been freed.
     let victim = vec![0xAAu8; N];
-    let _ = freed_addr; // the victim often takes exactly this address
-    // Past the injected delay: the transfer has run by now.
-    std::thread::sleep(Duration::from_millis(700));
+    stall.release();
+    // The readable completes once the transfer has copied and notified.
+    readable.wait_timeout(Duration::from_secs(10)).unwrap();
     let changed = victim.iter().filter(|&&b| b != 0xAA).count();
     assert_eq!(
         changed, 0,
@@ -89,13 +97,11 @@ fn panic_in_release_does_not_free_in_flight_memory() {
     let server = Connector::new(LoopbackBackend::new(&fabric, "server").unwrap());
     let (client, faults) = wrapped(&fabric, "client", Mode::PanicOnRelease);
     let readable = server.create_readable(filled(7, N)).unwrap();
-    faults.delay_next_transfer(Duration::from_millis(300));
+    let stall = faults.stall_next_transfer();
     let local = Descriptor::new(vec![0u8; N]).unwrap();
-    let addr = local.ptr();
     let read = client.begin_read(readable.metadata(), vec![local]).unwrap();
     assert_eq!(read.status(), OperationStatus::InProgress);
-    check_no_write_after_free(move || drop(read), true, addr);
-    drop(readable);
+    check_no_write_after_free(move || drop(read), true, stall, &readable);
 }
 
 /// Defect 1 (unsound, safe user code + a trait-conforming NIXL-like backend):
@@ -110,9 +116,8 @@ fn panicking_waker_does_not_free_draining_memory() {
     let server = Connector::new(LoopbackBackend::new(&fabric, "server").unwrap());
     let (client, faults) = wrapped(&fabric, "client", Mode::NixlLikeRelease);
     let readable = server.create_readable(filled(8, N)).unwrap();
-    faults.delay_next_transfer(Duration::from_millis(300));
+    let stall = faults.stall_next_transfer();
     let local = Descriptor::new(vec![0u8; N]).unwrap();
-    let addr = local.ptr();
     let read = client.begin_read(readable.metadata(), vec![local]).unwrap();
     {
         let mut completion = read.completion();
@@ -122,8 +127,7 @@ fn panicking_waker_does_not_free_draining_memory() {
             Poll::Pending
         ));
     } // the Completion is gone, and its waker with it
-    check_no_write_after_free(move || drop(read), false, addr);
-    drop(readable);
+    check_no_write_after_free(move || drop(read), false, stall, &readable);
 }
 
 /// Defect 1, with the waker still registered: a live future's waker panics
@@ -136,9 +140,8 @@ fn panicking_waker_of_a_live_future_does_not_free_draining_memory() {
     let server = Connector::new(LoopbackBackend::new(&fabric, "server").unwrap());
     let (client, faults) = wrapped(&fabric, "client", Mode::NixlLikeRelease);
     let readable = server.create_readable(filled(9, N)).unwrap();
-    faults.delay_next_transfer(Duration::from_millis(300));
+    let stall = faults.stall_next_transfer();
     let local = Descriptor::new(vec![0u8; N]).unwrap();
-    let addr = local.ptr();
     let read = client.begin_read(readable.metadata(), vec![local]).unwrap();
     check_no_write_after_free(
         move || {
@@ -157,9 +160,9 @@ fn panicking_waker_of_a_live_future_does_not_free_draining_memory() {
             drop(read);
         },
         false,
-        addr,
+        stall,
+        &readable,
     );
-    drop(readable);
 }
 
 /// Defect 6 (hang): a waker that panicked on the engine thread killed it;

@@ -40,7 +40,7 @@ suite! {
     metadata_round_trips_through_json => |h| conformance::metadata_round_trips_through_json(h);
     operations_are_futures => |h| conformance::operations_are_futures(h);
     injected_failure_errors_the_operation_and_moves_nothing => |h| conformance::injected_failure_errors_the_operation_and_moves_nothing(h);
-    delayed_transfer_is_in_progress_then_complete => |h| conformance::delayed_transfer_is_in_progress_then_complete(h);
+    stalled_transfer_is_in_progress_then_complete => |h| conformance::stalled_transfer_is_in_progress_then_complete(h);
     dropped_notification_leaves_the_passive_side_waiting => |h| conformance::dropped_notification_leaves_the_passive_side_waiting(h);
     vanished_peer_completes_nothing => |h| conformance::vanished_peer_completes_nothing(h);
 }

@@ -408,7 +408,7 @@ pub fn cancel_before_completion(h: &dyn Harness) {
     let server = connector(h, "cancel-server");
     let (client, faults) = faulty(h, "cancel-client");
     let writable = server.create_writable(zeroed(&[65536])).unwrap();
-    faults.delay_next_transfer(Duration::from_millis(300));
+    let stall = faults.stall_next_transfer();
     let write = client
         .begin_write(descriptors(40, &[65536]), writable.metadata())
         .unwrap();
@@ -416,8 +416,9 @@ pub fn cancel_before_completion(h: &dyn Harness) {
     let result = write.wait_timeout(WAIT);
     assert!(matches!(result, Err(Error::Cancelled)), "{result:?}");
     assert_eq!(write.status(), OperationStatus::Cancelled);
-    // Past the delay, still nothing arrives.
-    let passive = writable.wait_timeout(Duration::from_millis(600));
+    // Let go of the stall: the cancelled transfer still never runs.
+    stall.release();
+    let passive = writable.wait_timeout(Duration::from_millis(300));
     assert!(matches!(passive, Err(Error::TimedOut(_))), "{passive:?}");
     writable.cancel();
     // Cancelled unfinished, a writable's buffers come back only where the
@@ -472,27 +473,33 @@ pub fn injected_failure_errors_the_operation_and_moves_nothing(h: &dyn Harness) 
     assert_pattern(&writable.into_descriptors().unwrap(), 9, "retried write");
 }
 
-/// A delayed transfer is `InProgress`, holds its peer, then completes with
+/// A stalled transfer is `InProgress`, holds its peer, then completes with
 /// every byte.
-pub fn delayed_transfer_is_in_progress_then_complete(h: &dyn Harness) {
+pub fn stalled_transfer_is_in_progress_then_complete(h: &dyn Harness) {
     let server = connector(h, "slow-server");
     let (client, faults) = faulty(h, "slow-client");
     let readable = server.create_readable(descriptors(10, &[65536])).unwrap();
-    faults.delay_next_transfer(Duration::from_millis(200));
+    let stall = faults.stall_next_transfer();
     let read = client
         .begin_read(readable.metadata(), zeroed(&[65536]))
         .unwrap();
     assert_eq!(read.status(), OperationStatus::InProgress);
+    let timed_out = read.wait_timeout(Duration::from_millis(50));
+    assert!(
+        matches!(timed_out, Err(Error::TimedOut(_))),
+        "{timed_out:?}"
+    );
     assert_eq!(readable.status(), OperationStatus::Initialized);
     assert_eq!(
         client.remote_agent_count(),
         1,
         "the in-flight read holds its peer"
     );
+    stall.release();
     read.wait_timeout(WAIT).unwrap();
     readable.wait_timeout(WAIT).unwrap();
     assert_eq!(client.remote_agent_count(), 0);
-    assert_pattern(&read.into_descriptors().unwrap(), 10, "delayed read");
+    assert_pattern(&read.into_descriptors().unwrap(), 10, "stalled read");
 }
 
 /// A transfer whose notification is lost completes on the active side only:
@@ -530,12 +537,13 @@ pub fn vanished_peer_completes_nothing(h: &dyn Harness) {
     let writable = server.create_writable(zeroed(&[4096])).unwrap();
     let readable = server.create_readable(descriptors(12, &[4096])).unwrap();
     let stale = readable.metadata().clone();
-    faults.delay_next_transfer(Duration::from_millis(100));
+    let stall = faults.stall_next_transfer();
     let in_flight = client
         .begin_write(descriptors(12, &[4096]), writable.metadata())
         .unwrap();
     assert!(server_faults.vanish());
     assert!(!server_faults.vanish(), "an agent vanishes once");
+    stall.release();
     // Where revocation is enforced the write is refused when it runs;
     // elsewhere its bytes may land, but nobody is notified.
     match in_flight.wait_timeout(WAIT) {
@@ -633,12 +641,14 @@ pub fn dropping_an_in_flight_operation(h: &dyn Harness) {
     let server = connector(h, "drop-server");
     let (client, faults) = faulty(h, "drop-client");
     let writable = server.create_writable(zeroed(&[1 << 20])).unwrap();
-    faults.delay_next_transfer(Duration::from_millis(200));
+    let stall = faults.stall_next_transfer();
     let write = client
         .begin_write(descriptors(70, &[1 << 20]), writable.metadata())
         .unwrap();
     drop(write);
-    let passive = writable.wait_timeout(Duration::from_millis(500));
+    // Let go of the stall: the dropped transfer still never runs.
+    stall.release();
+    let passive = writable.wait_timeout(Duration::from_millis(300));
     assert!(matches!(passive, Err(Error::TimedOut(_))), "{passive:?}");
     assert_eq!(client.remote_agent_count(), 0);
     drop(writable);

@@ -24,7 +24,7 @@
 //! ```
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
 use crate::backend::{
@@ -75,12 +75,77 @@ struct State {
 #[derive(Default)]
 struct Armed {
     fail: Option<SharedCause>,
-    delay: Option<Duration>,
+    hold: Option<Hold>,
     drop_notification: bool,
 }
 
+/// How long an armed transfer waits before it is handed to the backend.
+enum Hold {
+    For(Duration),
+    Until(Arc<Gate>),
+}
+
+impl Hold {
+    fn wait(&self) {
+        match self {
+            Hold::For(delay) => std::thread::sleep(*delay),
+            Hold::Until(gate) => gate.wait(),
+        }
+    }
+}
+
+/// Opened once, by [`Stall`]; waited on by the transfer it holds.
+#[derive(Default)]
+struct Gate {
+    open: Mutex<bool>,
+    opened: Condvar,
+}
+
+impl Gate {
+    fn open(&self) {
+        *lock(&self.open) = true;
+        self.opened.notify_all();
+    }
+
+    fn wait(&self) {
+        let mut open = lock(&self.open);
+        while !*open {
+            open = self
+                .opened
+                .wait(open)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+/// Holds the transfer armed by [`Faults::stall_next_transfer`] until it is
+/// released or dropped.
+#[must_use = "dropping a Stall releases the transfer at once"]
+pub struct Stall {
+    gate: Arc<Gate>,
+}
+
+impl Stall {
+    /// Lets the held transfer go on to the backend (unless the connector
+    /// released it meanwhile). A stall released before its transfer was
+    /// posted lets that transfer through at once.
+    pub fn release(self) {}
+}
+
+impl Drop for Stall {
+    fn drop(&mut self) {
+        self.gate.open();
+    }
+}
+
+impl std::fmt::Debug for Stall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stall").finish_non_exhaustive()
+    }
+}
+
 enum Entry {
-    /// An injected delay is running; a timer thread holds the request.
+    /// An injected delay or stall is running; a timer thread holds the request.
     Waiting,
     /// The timer thread is inside the inner backend's `post`.
     Posting,
@@ -174,7 +239,18 @@ impl Faults {
     /// The next transfer stays in progress for `delay` before it is handed to
     /// the backend; released meanwhile (cancelled, dropped), it never is.
     pub fn delay_next_transfer(&self, delay: Duration) {
-        self.arm(|armed| armed.delay = Some(delay));
+        self.arm(|armed| armed.hold = Some(Hold::For(delay)));
+    }
+
+    /// The next transfer stays in progress until the returned [`Stall`] is
+    /// released (or dropped); released meanwhile by its connector (cancelled,
+    /// dropped), it is never handed to the backend. Unlike a delay, what a
+    /// test checks while the transfer waits cannot be overtaken by a slow or
+    /// busy machine.
+    pub fn stall_next_transfer(&self) -> Stall {
+        let gate = Arc::new(Gate::default());
+        self.arm(|armed| armed.hold = Some(Hold::Until(Arc::clone(&gate))));
+        Stall { gate }
     }
 
     /// The next transfer moves its bytes but carries an empty notification,
@@ -258,7 +334,7 @@ impl<B: RegistrationBackend> Shared<B> {
         TransferId(state.next_id)
     }
 
-    /// The timer thread's end of a delayed transfer: posts it unless it was
+    /// The timer thread's end of a delayed or stalled transfer: posts it unless it was
     /// released meanwhile.
     fn post_held(&self, id: TransferId, held: &HeldRequest) {
         {
@@ -381,7 +457,7 @@ impl<B: RegistrationBackend> RegistrationBackend for Faulty<B> {
             let mut state = lock(&self.shared.state);
             return Ok(Shared::<B>::insert(&mut state, Entry::Failed(reason)));
         }
-        let Some(delay) = armed.delay else {
+        let Some(hold) = armed.hold else {
             // SAFETY: our caller's contract is the inner backend's, and `release`
             // forwards to the inner backend for this transfer.
             let inner = unsafe { self.shared.inner.post(request) }?;
@@ -401,7 +477,7 @@ impl<B: RegistrationBackend> RegistrationBackend for Faulty<B> {
         let spawned = std::thread::Builder::new()
             .name("fault-delay".into())
             .spawn(move || {
-                std::thread::sleep(delay);
+                hold.wait();
                 if let Some(shared) = shared.upgrade() {
                     shared.post_held(id, &held);
                 }
