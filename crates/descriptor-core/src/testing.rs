@@ -71,6 +71,10 @@ pub(crate) struct Scripted {
     pub(crate) polls_before_done: AtomicUsize,
     /// What `wait_assist` answers.
     pub(crate) assist: Mutex<std::time::Duration>,
+    /// When set, `release` blocks until this receives (or its sender is
+    /// dropped): a settle caught in the middle.
+    #[cfg(not(loom))]
+    pub(crate) release_gate: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
 }
 
 impl Scripted {
@@ -91,6 +95,8 @@ impl Scripted {
             calls: AtomicUsize::new(0),
             polls_before_done: AtomicUsize::new(0),
             assist: Mutex::new(std::time::Duration::ZERO),
+            #[cfg(not(loom))]
+            release_gate: Mutex::new(None),
         }
     }
 
@@ -244,6 +250,10 @@ impl RegistrationBackend for Scripted {
 
     fn release(&self, _transfer: TransferId) -> Result<Release> {
         self.calls.fetch_add(1, Ordering::SeqCst);
+        #[cfg(not(loom))]
+        if let Some(gate) = self.release_gate.lock().unwrap().take() {
+            let _ = gate.recv();
+        }
         let answer = self
             .releases
             .lock()

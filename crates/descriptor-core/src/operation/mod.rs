@@ -234,10 +234,13 @@ macro_rules! operation_common {
             /// Gives the descriptors back once the operation has ended and the
             /// backend has let go of them; otherwise gives the operation back.
             ///
-            /// After a successful [`wait`](Self::wait) this succeeds. After a
-            /// cancel it succeeds once a draining transfer has finished, and
-            /// never for a cancelled passive operation on a backend that cannot
-            /// revoke access (see [`cancel`](Self::cancel)).
+            /// After a successful [`wait`](Self::wait) this succeeds, and so it
+            /// does once [`status`](Self::status) reads `Complete` (if another
+            /// thread is still letting go of the memory, this waits for it: one
+            /// backend call that does not block). After a cancel it succeeds
+            /// once a draining transfer has finished, and never for a cancelled
+            /// passive operation on a backend that cannot revoke access (see
+            /// [`cancel`](Self::cancel)).
             #[allow(clippy::needless_update, clippy::result_large_err)]
             pub fn into_descriptors(self) -> Result<Vec<Descriptor>, $ty> {
                 self.core

@@ -277,8 +277,19 @@ impl OpShared {
     }
 
     /// Whether the operation ended and the backend let go of its memory.
+    ///
+    /// An outcome that another thread has decided and is settling right now
+    /// is waited for (the settle is one backend call, which must not block,
+    /// and the drops after it), so that an operation whose `status()` reads
+    /// terminal hands its memory back as after `wait()`.
     pub(crate) fn memory_released(&self) -> bool {
-        let st = self.lock();
+        let mut st = self.lock();
+        while st.status.is_terminal() && !st.settled {
+            st = self
+                .settled
+                .wait(st)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
         st.settled && st.pending == Pending::Nothing
     }
 

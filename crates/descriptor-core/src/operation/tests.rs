@@ -114,6 +114,33 @@ fn a_draining_transfer_hands_its_memory_back_once_released() {
     assert!(!backend.freed_early());
 }
 
+/// `status()` turns terminal when the outcome is decided, before the deciding
+/// thread has asked the backend to let go; `into_descriptors` then waits for
+/// that thread instead of refusing an operation the caller saw `Complete`.
+#[test]
+fn an_operation_seen_complete_hands_its_memory_back_while_being_settled() {
+    let backend = Arc::new(Scripted::new(true, false));
+    let c = connector(&backend);
+    let (local, _) = backend.tracked(64);
+    let (open, gate) = mpsc::channel();
+    *backend.release_gate.lock().unwrap() = Some(gate);
+    let read = c.begin_read(&remote(64), vec![local]).unwrap();
+    // The engine polls, decides `Complete` and blocks in `release`.
+    backend.set_poll(TransferState::Done);
+    eventually("the read is decided", || {
+        read.status() == OperationStatus::Complete
+    });
+    assert_eq!(read.core.shared.pending(), Pending::Releasing);
+    let handed = std::thread::spawn(move || read.into_descriptors().map(|d| d.len()));
+    // Long enough for `into_descriptors` to be waiting (were it to refuse,
+    // it would have returned by now; too short a pause only weakens the test).
+    std::thread::sleep(Duration::from_millis(50));
+    open.send(()).unwrap();
+    let handed = within("into_descriptors", move || handed.join().unwrap());
+    assert_eq!(handed.ok(), Some(1), "the memory did not come back");
+    assert!(!backend.freed_early());
+}
+
 #[test]
 fn a_transfer_the_backend_lost_is_leaked_never_freed() {
     let backend = Arc::new(Scripted::new(true, false));
