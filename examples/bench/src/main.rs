@@ -42,6 +42,9 @@ mod flags {
             optional --xproc-only prefix: String
             /// Serve `bench --python` as its Rust API worker (JSON lines on stdin).
             optional --python-worker
+            /// Only these movers, and no extras: NAME[,...] (memcpy, loopback,
+            /// nixl, nixl-sys-raw, nixl-xproc, nixl-sys-raw-xproc).
+            optional --movers list: String
         }
     }
 }
@@ -173,6 +176,33 @@ fn bandwidth(
     Ok(rows)
 }
 
+/// Every mover, in the order they take turns, or only those `only` names.
+fn all_movers(only: Option<&str>) -> Res<Vec<Box<dyn Mover>>> {
+    type Make = fn() -> Res<Box<dyn Mover>>;
+    let all: [(&str, Make); 6] = [
+        ("memcpy", || Ok(Box::new(Memcpy::default()))),
+        ("loopback", || Ok(Box::new(Api::loopback()?))),
+        ("nixl", || Ok(Box::new(Api::nixl()?))),
+        ("nixl-sys-raw", || Ok(Box::new(RawNixl::new()?))),
+        ("nixl-xproc", || Ok(Box::new(xproc::XprocApi::new(&[])?))),
+        ("nixl-sys-raw-xproc", || {
+            Ok(Box::new(xproc::XprocRaw::new(&[])?))
+        }),
+    ];
+    let wanted: Option<Vec<&str>> = only.map(|list| list.split(',').collect());
+    if let Some(unknown) = wanted
+        .iter()
+        .flatten()
+        .find(|name| all.iter().all(|(known, _)| known != *name))
+    {
+        return Err(format!("no mover is called {unknown:?}"));
+    }
+    all.iter()
+        .filter(|(name, _)| wanted.as_ref().is_none_or(|w| w.contains(name)))
+        .map(|(_, make)| make())
+        .collect()
+}
+
 fn run(config: &flags::Bench) -> Res<()> {
     if let Some(kind) = &config.peer {
         return xproc::serve(kind);
@@ -189,19 +219,12 @@ fn run(config: &flags::Bench) -> Res<()> {
             Box::new(xproc::XprocApi::new(wrap)?),
             Box::new(xproc::XprocRaw::new(wrap)?),
         ],
-        None => vec![
-            Box::new(Memcpy::default()),
-            Box::new(Api::loopback()?),
-            Box::new(Api::nixl()?),
-            Box::new(RawNixl::new()?),
-            Box::new(xproc::XprocApi::new(&[])?),
-            Box::new(xproc::XprocRaw::new(&[])?),
-        ],
+        None => all_movers(config.movers.as_deref())?,
     };
     let only = config.sizes.as_ref().map(|s| s.0.as_slice());
     let rows = bandwidth(&mut movers, config.quick, only)?;
     drop(movers);
-    let extras = if only.is_some() || xproc_only.is_some() {
+    let extras = if only.is_some() || xproc_only.is_some() || config.movers.is_some() {
         extras::Extras::default()
     } else {
         extras::measure(config.quick)?
