@@ -57,6 +57,9 @@ struct State {
     loading: usize,
     /// `unload_remote` calls in flight.
     unloading: usize,
+    /// Threads blocked on `calls_done`: the last call out wakes them only if
+    /// there are any (a wake-up is a system call even with nobody to wake).
+    sleepers: usize,
 }
 
 #[derive(Default)]
@@ -82,10 +85,14 @@ impl RemoteCache {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn wait<'a>(&self, state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
-        self.calls_done
+    fn wait<'a>(&self, mut state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        state.sleepers += 1;
+        let mut state = self
+            .calls_done
             .wait(state)
-            .unwrap_or_else(PoisonError::into_inner)
+            .unwrap_or_else(PoisonError::into_inner);
+        state.sleepers -= 1;
+        state
     }
 
     /// Peers with at least one operation.
@@ -285,7 +292,7 @@ impl Drop for InFlight<'_> {
             &mut state.unloading
         };
         *count -= 1;
-        if *count == 0 {
+        if *count == 0 && state.sleepers > 0 {
             drop(state);
             self.cache.calls_done.notify_all();
         }

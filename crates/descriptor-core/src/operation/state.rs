@@ -155,6 +155,9 @@ struct OpState {
     /// One waker per future polling the operation, by slot.
     wakers: Vec<(u64, Waker)>,
     next_slot: u64,
+    /// Threads blocked on `OpShared::settled`: settling skips the wake-up
+    /// call (a system call, even with nobody to wake) when there are none.
+    sleepers: usize,
 }
 
 impl OpState {
@@ -251,6 +254,7 @@ impl OpShared {
                 orphans: None,
                 wakers: Vec::new(),
                 next_slot: 0,
+                sleepers: 0,
             }),
             settled: Condvar::new(),
             role,
@@ -264,6 +268,30 @@ impl OpShared {
         // to the state is a single assignment, so a poisoned lock (a panic
         // while it was held) still guards consistent state.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Blocks on `settled` (at most `timeout`), counted in `sleepers` so that
+    /// `publish` knows to wake it.
+    fn sleep<'a>(
+        &self,
+        mut st: MutexGuard<'a, OpState>,
+        timeout: Option<Duration>,
+    ) -> MutexGuard<'a, OpState> {
+        st.sleepers += 1;
+        let mut st = match timeout {
+            None => self
+                .settled
+                .wait(st)
+                .unwrap_or_else(PoisonError::into_inner),
+            Some(timeout) => {
+                self.settled
+                    .wait_timeout(st, timeout)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0
+            }
+        };
+        st.sleepers -= 1;
+        st
     }
 
     /// The backend's transport name, for errors.
@@ -285,10 +313,7 @@ impl OpShared {
     pub(crate) fn memory_released(&self) -> bool {
         let mut st = self.lock();
         while st.status.is_terminal() && !st.settled {
-            st = self
-                .settled
-                .wait(st)
-                .unwrap_or_else(PoisonError::into_inner);
+            st = self.sleep(st, None);
         }
         st.settled && st.pending == Pending::Nothing
     }
@@ -391,7 +416,7 @@ impl OpShared {
             st.take_freed()
         };
         let dropped = catch_unwind(AssertUnwindSafe(|| drop(freed)));
-        let wakers = {
+        let (wakers, sleepers) = {
             let mut st = self.lock();
             let first = !st.settled;
             st.settled = true;
@@ -406,9 +431,11 @@ impl OpShared {
                     "operation finished"
                 );
             }
-            std::mem::take(&mut st.wakers)
+            (std::mem::take(&mut st.wakers), st.sleepers > 0)
         };
-        self.settled.notify_all();
+        if sleepers {
+            self.settled.notify_all();
+        }
         for (_, waker) in wakers {
             if catch_unwind(AssertUnwindSafe(|| waker.wake())).is_err() {
                 tracing::error!(
@@ -518,22 +545,14 @@ impl OpShared {
             if st.settled {
                 return st.result();
             }
-            st = match deadline {
-                None => self
-                    .settled
-                    .wait(st)
-                    .unwrap_or_else(PoisonError::into_inner),
-                Some(deadline) => {
-                    let now = Instant::now();
-                    if now >= deadline {
-                        return Err(Error::TimedOut(timeout.unwrap_or_default()));
-                    }
-                    self.settled
-                        .wait_timeout(st, deadline - now)
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .0
-                }
+            let left = match deadline {
+                None => None,
+                Some(deadline) => match deadline.checked_duration_since(Instant::now()) {
+                    Some(left) if !left.is_zero() => Some(left),
+                    _ => return Err(Error::TimedOut(timeout.unwrap_or_default())),
+                },
             };
+            st = self.sleep(st, left);
         }
     }
 
