@@ -258,17 +258,18 @@ impl Engine {
                 .iter()
                 .map(|n| {
                     let key = n.payload.as_slice();
-                    let (exposure, _) = work.passive.get(key)?;
+                    let (exposure, op) = work.passive.remove(key)?;
                     // A backend that knows what the transfer reached: it must
                     // have reached this operation's exposure, and only that.
-                    if !n.exposures.is_empty() && n.exposures != [*exposure] {
+                    if !n.exposures.is_empty() && n.exposures != [exposure] {
                         tracing::warn!(
                             from = %n.from,
                             "ignoring a notification whose transfer reached other memory than the operation it names"
                         );
+                        work.passive.insert(key.into(), (exposure, op));
                         return None;
                     }
-                    work.passive.remove(key).map(|(_, op)| op)
+                    Some(op)
                 })
                 .collect()
         };

@@ -79,7 +79,11 @@ impl OperationCore {
 
 impl Drop for OperationCore {
     fn drop(&mut self) {
-        if let Some(key) = &self.passive_key {
+        // A passive operation completes only when the engine, taking its
+        // notification, has already stopped tracking it.
+        if let Some(key) = &self.passive_key
+            && self.shared.status() != OperationStatus::Complete
+        {
             self.connector.engine().untrack_passive(key);
         }
         self.shared.abandon(std::mem::take(&mut self.descriptors));

@@ -230,7 +230,9 @@ pub(crate) struct OpShared {
     settled: Condvar,
     role: Role,
     bytes: usize,
-    started: Instant,
+    /// When the operation began, for the debug log's `elapsed_us`; read from
+    /// the clock only while that log is on.
+    started: Option<Instant>,
 }
 
 impl OpShared {
@@ -259,7 +261,7 @@ impl OpShared {
             settled: Condvar::new(),
             role,
             bytes,
-            started: Instant::now(),
+            started: tracing::enabled!(tracing::Level::DEBUG).then(Instant::now),
         })
     }
 
@@ -425,7 +427,7 @@ impl OpShared {
                     op = %self.role,
                     status = ?st.status,
                     bytes = self.bytes,
-                    elapsed_us = self.started.elapsed().as_micros() as u64,
+                    elapsed_us = self.started.map(|t| t.elapsed().as_micros() as u64),
                     reason = st.error.as_ref().map(ToString::to_string).unwrap_or_default(),
                     pending = ?st.pending,
                     "operation finished"
