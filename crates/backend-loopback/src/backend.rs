@@ -100,25 +100,50 @@ impl LoopbackBackend {
         }
     }
 
+    /// Whether `remote` lies in an exposure of `peer` given to this agent for
+    /// the other kind of operation (to say so in the error).
+    fn covered_by_other_kind(
+        &self,
+        peer: &Agent,
+        peer_name: &str,
+        access: OperationKind,
+        remote: &Segment,
+    ) -> bool {
+        let given = lock(&self.agent.loaded)
+            .get(peer_name)
+            .map(|entry| entry.grants.clone())
+            .unwrap_or_default();
+        given
+            .iter()
+            .filter_map(|&id| peer.grant(id))
+            .any(|g| g.access != access && g.covers(remote))
+    }
+
     /// Checks a request against what both sides really registered and exposed.
     fn plan(&self, request: &TransferRequest<'_>) -> Result<Job> {
         let peer_name = request.peer;
-        let (peer, grant_ids) = {
+        let access = request.op;
+        // The peer's live exposures that this agent was given, of this kind.
+        let (peer, grants) = {
             let loaded = lock(&self.agent.loaded);
             let entry = loaded
                 .get(peer_name)
                 .ok_or_else(|| Self::denied(peer_name, "its metadata was never loaded".into()))?;
-            (entry.agent.upgrade(), entry.grants.clone())
+            let peer = entry
+                .agent
+                .upgrade()
+                .filter(|p| !p.is_gone())
+                .ok_or_else(|| Self::denied(peer_name, "the peer has vanished".into()))?;
+            let live = peer.grants.read().unwrap_or_else(PoisonError::into_inner);
+            let grants: Vec<(u64, Arc<Grant>)> = entry
+                .grants
+                .iter()
+                .filter_map(|id| live.get(id).map(|g| (*id, Arc::clone(g))))
+                .filter(|(_, g)| g.access == access)
+                .collect();
+            drop(live);
+            (peer, grants)
         };
-        let peer = peer
-            .filter(|p| !p.is_gone())
-            .ok_or_else(|| Self::denied(peer_name, "the peer has vanished".into()))?;
-        let access = request.op;
-        let (granted, other_kind): (Vec<(u64, Arc<Grant>)>, Vec<_>) = grant_ids
-            .iter()
-            .filter_map(|&id| peer.grant(id).map(|g| (id, g)))
-            .partition(|(_, g)| g.access == access);
-        let (grant_ids, grants): (Vec<u64>, Vec<Arc<Grant>>) = granted.into_iter().unzip();
         if request.local.len() != request.remote.len() {
             return Err(Error::backend(
                 NAME,
@@ -165,12 +190,12 @@ impl LoopbackBackend {
                     ));
                 }
             }
-            let grant = grants.iter().position(|g| g.covers(remote)).ok_or_else(|| {
+            let grant = grants.iter().position(|(_, g)| g.covers(remote)).ok_or_else(|| {
                 let (verb, wrong, right) = match access {
                     OperationKind::Read => ("read", "writable", "readable"),
                     OperationKind::Write => ("written", "readable", "writable"),
                 };
-                let reason = if other_kind.iter().any(|(_, g)| g.covers(remote)) {
+                let reason = if self.covered_by_other_kind(&peer, peer_name, access, remote) {
                     format!(
                         "remote descriptor {index} ({:#x}+{}) belongs to a {wrong} operation of the peer, which cannot be {verb} (its metadata was for the other kind of operation, or forged to look like a {right})",
                         remote.addr, remote.len,
@@ -187,7 +212,7 @@ impl LoopbackBackend {
         }
         let mut exposures: Vec<ExposureId> = pairs
             .iter()
-            .map(|&(_, _, _, grant)| ExposureId(grant_ids[grant]))
+            .map(|&(_, _, _, grant)| ExposureId(grants[grant].0))
             .collect();
         exposures.sort_unstable();
         exposures.dedup();
@@ -234,7 +259,8 @@ struct Job {
     op: OperationKind,
     from: String,
     peer: Arc<Agent>,
-    grants: Vec<Arc<Grant>>,
+    /// (exposure id, exposure) of each grant a pair may use.
+    grants: Vec<(u64, Arc<Grant>)>,
     /// The peer's exposures the pairs reach, told to it with the notification.
     exposures: Vec<ExposureId>,
     /// (local addr, remote addr, len, index into `grants`)
@@ -249,7 +275,7 @@ impl Job {
             return TransferState::failed(format!("peer {:?} vanished", self.peer.name));
         }
         for &(local, remote, len, grant) in &self.pairs {
-            let Some(_live) = self.grants[grant].hold() else {
+            let Some(_live) = self.grants[grant].1.hold() else {
                 return TransferState::failed(format!(
                     "peer {:?} revoked access before the transfer ran",
                     self.peer.name
@@ -469,8 +495,15 @@ impl RegistrationBackend for LoopbackBackend {
     }
 
     fn drain_notifications(&self, sink: &mut dyn FnMut(Notification)) -> Result<()> {
-        let drained = std::mem::take(&mut *lock(&self.agent.inbox));
-        drained.into_iter().for_each(sink);
+        // Handed to the sink with no lock held; the emptied buffer goes back
+        // to the inbox (if it is still empty) so that the next notification
+        // needs no allocation.
+        let mut drained = std::mem::take(&mut *lock(&self.agent.inbox));
+        drained.drain(..).for_each(sink);
+        let mut inbox = lock(&self.agent.inbox);
+        if inbox.is_empty() {
+            *inbox = drained;
+        }
         Ok(())
     }
 
