@@ -264,7 +264,7 @@ pub(crate) struct RawNixl {
     active_bufs: Vec<Buf>,
 }
 
-fn nixl(context: &str) -> impl Fn(nixl_sys::NixlError) -> String + '_ {
+pub(crate) fn nixl(context: &str) -> impl Fn(nixl_sys::NixlError) -> String + '_ {
     move |e| format!("{context}: {e}")
 }
 

@@ -22,7 +22,7 @@ use backend_nixl::NixlBackend;
 use descriptor_core::{Connector, Descriptor, RdmaMetadata};
 use nixl_sys::{Agent, AgentConfig, NotificationMap, XferStatus};
 
-use crate::movers::{Buf, Mover, Op, Res, blocks, dram_list, ranges, raw_request, seeds};
+use crate::movers::{Buf, Mover, Op, Res, blocks, dram_list, nixl, ranges, raw_request, seeds};
 
 /// NIXL's progress-thread delay of the raw baseline, as the issue asks.
 const RAW_PROGRESS_DELAY: Duration = Duration::from_millis(10);
@@ -282,7 +282,6 @@ impl Mover for XprocRaw {
     }
 
     fn run(&mut self, op: Op) -> Res<Duration> {
-        let nixl = |what: &'static str| move |e: nixl_sys::NixlError| format!("{what}: {e}");
         let started = Instant::now();
         let local = dram_list(ranges(&self.bufs))?;
         let remote = dram_list(self.remote.iter().copied())?;
