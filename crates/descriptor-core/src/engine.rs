@@ -245,51 +245,55 @@ impl Engine {
     /// Notifications are collected first and handled after the backend call
     /// returned, so finishing an operation never runs inside the backend.
     pub(crate) fn drain_notifications(&self) -> bool {
-        let mut arrived: Vec<Notification> = Vec::new();
-        if let Err(error) = self.backend.drain_notifications(&mut |n| arrived.push(n)) {
+        // Usually one arrives: it is kept inline, any more in a vector.
+        let mut first: Option<Notification> = None;
+        let mut more: Vec<Notification> = Vec::new();
+        let mut sink = |n| match first {
+            None => first = Some(n),
+            Some(_) => more.push(n),
+        };
+        if let Err(error) = self.backend.drain_notifications(&mut sink) {
             tracing::warn!(%error, "draining notifications failed");
         }
-        if arrived.is_empty() {
-            return false;
-        }
-        let ops: Vec<Option<Arc<OpShared>>> = {
-            let mut work = self.lock();
-            arrived
-                .iter()
-                .map(|n| {
-                    let key = n.payload.as_slice();
-                    let (exposure, op) = work.passive.remove(key)?;
-                    // A backend that knows what the transfer reached: it must
-                    // have reached this operation's exposure, and only that.
-                    if !n.exposures.is_empty() && n.exposures != [exposure] {
-                        tracing::warn!(
-                            from = %n.from,
-                            "ignoring a notification whose transfer reached other memory than the operation it names"
-                        );
-                        work.passive.insert(key.into(), (exposure, op));
-                        return None;
-                    }
-                    Some(op)
-                })
-                .collect()
-        };
         let mut notified = false;
-        for (notification, op) in arrived.iter().zip(ops) {
-            match op {
-                Some(op) => {
-                    notified = true;
-                    contain(&self.name, || {
-                        op.finish(Outcome::Complete);
-                    });
-                }
-                None => tracing::debug!(
-                    from = %notification.from,
-                    bytes = notification.payload.len(),
-                    "dropping a notification no operation waits for"
-                ),
-            }
+        for notification in first.into_iter().chain(more) {
+            notified |= self.deliver(&notification);
         }
         notified
+    }
+
+    /// Completes the passive operation `notification` names, if one waits for
+    /// it; true if one did.
+    fn deliver(&self, notification: &Notification) -> bool {
+        let key = notification.payload.as_slice();
+        let op = {
+            let mut work = self.lock();
+            let Some((exposure, op)) = work.passive.remove(key) else {
+                drop(work);
+                tracing::debug!(
+                    from = %notification.from,
+                    bytes = key.len(),
+                    "dropping a notification no operation waits for"
+                );
+                return false;
+            };
+            // A backend that knows what the transfer reached: it must have
+            // reached this operation's exposure, and only that.
+            if !notification.exposures.is_empty() && notification.exposures != [exposure] {
+                work.passive.insert(key.into(), (exposure, op));
+                drop(work);
+                tracing::warn!(
+                    from = %notification.from,
+                    "ignoring a notification whose transfer reached other memory than the operation it names"
+                );
+                return false;
+            }
+            op
+        };
+        contain(&self.name, || {
+            op.finish(Outcome::Complete);
+        });
+        true
     }
 }
 
