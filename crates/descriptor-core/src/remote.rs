@@ -51,7 +51,7 @@ pub(crate) struct RemoteCache {
 struct State {
     peers: HashMap<String, Peer>,
     /// Blob key (see `RemoteCache::key`) to the blob and the peer it loaded.
-    blobs: HashMap<u64, (Box<[u8]>, String), BuildHasherDefault<KeyHasher>>,
+    blobs: HashMap<u64, Memo, BuildHasherDefault<KeyHasher>>,
     clock: u64,
     /// `load_remote` calls in flight.
     loading: usize,
@@ -62,8 +62,13 @@ struct State {
     sleepers: usize,
 }
 
-#[derive(Default)]
+/// A remembered blob and the peer it loaded.
+type Memo = (Box<[u8]>, Arc<str>);
+
 struct Peer {
+    /// The peer's name, shared with the blobs and leases that name it, so
+    /// that a lease costs no allocation.
+    name: Arc<str>,
     refs: usize,
     /// Keys of this peer's remembered blobs, oldest first.
     blobs: VecDeque<u64>,
@@ -143,9 +148,14 @@ impl RemoteCache {
             .blobs
             .get(&key)
             .filter(|(blob, _)| **blob == *agent_metadata)
-            .map(|(_, peer)| peer.clone());
+            .map(|(_, peer)| Arc::clone(peer));
         if let Some(peer) = known {
-            return Ok(self.lease(&mut state, peer));
+            state.clock += 1;
+            let now = state.clock;
+            if let Some(entry) = state.peers.get_mut(&*peer) {
+                entry.take_ref(now);
+            }
+            return Ok(self.lease(peer));
         }
         while state.unloading > 0 {
             state = self.wait(state);
@@ -156,10 +166,19 @@ impl RemoteCache {
         // that no eviction can unload the peer in between. Declared before
         // `state`, so dropped (and counted out) after the lock is released.
         let _call = InFlight::load(self);
-        let peer = self.backend.load_remote(agent_metadata)?;
+        let loaded = self.backend.load_remote(agent_metadata)?;
         let mut state = self.lock();
+        state.clock += 1;
+        let now = state.clock;
         let State { peers, blobs, .. } = &mut *state;
-        let entry = peers.entry(peer.clone()).or_default();
+        let entry = peers.entry(loaded).or_insert_with_key(|name| Peer {
+            name: name.as_str().into(),
+            refs: 0,
+            blobs: VecDeque::new(),
+            last_used: 0,
+        });
+        entry.take_ref(now);
+        let peer = Arc::clone(&entry.name);
         if !entry.blobs.contains(&key) {
             if entry.blobs.len() >= MAX_BLOBS_PER_PEER
                 && let Some(old) = entry.blobs.pop_front()
@@ -168,24 +187,19 @@ impl RemoteCache {
             }
             entry.blobs.push_back(key);
         }
-        if let Some((_, previous)) = blobs.insert(key, (agent_metadata.into(), peer.clone()))
+        if let Some((_, previous)) = blobs.insert(key, (agent_metadata.into(), Arc::clone(&peer)))
             && previous != peer
         {
             // Another peer's blob had this key: it is simply forgotten.
-            if let Some(other) = peers.get_mut(&previous) {
+            if let Some(other) = peers.get_mut(&*previous) {
                 other.blobs.retain(|k| *k != key);
             }
         }
-        Ok(self.lease(&mut state, peer))
+        Ok(self.lease(peer))
     }
 
-    fn lease(self: &Arc<Self>, state: &mut State, peer: String) -> RemoteLease {
-        state.clock += 1;
-        let now = state.clock;
-        if let Some(entry) = state.peers.get_mut(&peer) {
-            entry.refs += 1;
-            entry.last_used = now;
-        }
+    /// A lease on `peer`, whose reference is already taken.
+    fn lease(self: &Arc<Self>, peer: Arc<str>) -> RemoteLease {
         RemoteLease {
             cache: Arc::clone(self),
             peer,
@@ -216,15 +230,15 @@ impl RemoteCache {
         while state.loading > 0 {
             state = self.wait(state);
         }
-        let mut idle: Vec<(u64, String)> = state
+        let mut idle: Vec<(u64, Arc<str>)> = state
             .peers
             .iter()
             .filter(|(_, p)| p.refs == 0)
-            .map(|(name, p)| (p.last_used, name.clone()))
+            .map(|(_, p)| (p.last_used, Arc::clone(&p.name)))
             .collect();
         idle.sort_unstable();
         let excess = idle.len().saturating_sub(keep);
-        let victims: Vec<String> = idle.into_iter().take(excess).map(|(_, n)| n).collect();
+        let victims: Vec<Arc<str>> = idle.into_iter().take(excess).map(|(_, n)| n).collect();
         self.unload(state, &victims);
     }
 
@@ -235,18 +249,23 @@ impl RemoteCache {
         while state.loading > 0 {
             state = self.wait(state);
         }
-        if state.peers.get(name).is_none_or(|p| p.refs > 0) {
+        let Some(name) = state
+            .peers
+            .get(name)
+            .filter(|p| p.refs == 0)
+            .map(|p| Arc::clone(&p.name))
+        else {
             return false;
-        }
-        self.unload(state, &[name.to_owned()]);
+        };
+        self.unload(state, &[name]);
         true
     }
 
     /// Forgets `victims` (idle peers; no load in flight) and unloads them
     /// from the backend after releasing the lock.
-    fn unload(&self, mut state: MutexGuard<'_, State>, victims: &[String]) {
+    fn unload(&self, mut state: MutexGuard<'_, State>, victims: &[Arc<str>]) {
         for name in victims {
-            if let Some(entry) = state.peers.remove(name) {
+            if let Some(entry) = state.peers.remove(&**name) {
                 for key in entry.blobs {
                     state.blobs.remove(&key);
                 }
@@ -264,6 +283,14 @@ impl RemoteCache {
 
     pub(crate) fn unload_idle(&self) {
         self.evict(self.lock(), 0);
+    }
+}
+
+impl Peer {
+    /// Counts one more operation on this peer, used at `now`.
+    fn take_ref(&mut self, now: u64) {
+        self.refs += 1;
+        self.last_used = now;
     }
 }
 
@@ -326,7 +353,7 @@ impl Hasher for KeyHasher {
 /// One operation's reference on a loaded peer.
 pub(crate) struct RemoteLease {
     cache: Arc<RemoteCache>,
-    pub(crate) peer: String,
+    pub(crate) peer: Arc<str>,
 }
 
 impl Drop for RemoteLease {
