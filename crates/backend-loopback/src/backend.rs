@@ -426,42 +426,40 @@ impl RegistrationBackend for LoopbackBackend {
         let blob = blob::decode(agent_metadata)?;
         if blob.fabric != self.fabric.inner.id {
             return Err(Self::denied(
-                &blob.agent_name,
+                blob.agent_name,
                 "the metadata comes from another fabric".into(),
             ));
         }
         let peer = self
             .fabric
-            .find(&blob.agent_name)
+            .find(blob.agent_name)
             .filter(|p| p.id == blob.agent_id && !p.is_gone())
             .ok_or_else(|| {
                 Self::denied(
-                    &blob.agent_name,
+                    blob.agent_name,
                     "no such agent on the fabric (vanished?)".into(),
                 )
             })?;
         let mut loaded = lock(&self.agent.loaded);
-        let entry = loaded
-            .entry(blob.agent_name.clone())
-            .or_insert_with(|| LoadedPeer {
-                agent: Arc::downgrade(&peer),
-                grants: Vec::new(),
-            });
-        if entry.agent.upgrade().is_none_or(|a| a.id != peer.id) {
-            // A new agent took a vanished one's name: forget the old one's grants.
-            entry.agent = Arc::downgrade(&peer);
-            entry.grants.clear();
+        // Looked up first: the name is copied only for a new peer.
+        match loaded.get_mut(blob.agent_name) {
+            Some(entry) => entry.admit(&peer, blob.grant),
+            None => {
+                let mut entry = LoadedPeer {
+                    agent: Arc::downgrade(&peer),
+                    grants: Vec::new(),
+                };
+                entry.admit(&peer, blob.grant);
+                loaded.insert(blob.agent_name.to_owned(), entry);
+            }
         }
-        // Forget grants the peer has revoked, so the list tracks live operations.
-        entry.grants.retain(|&g| peer.grant(g).is_some());
-        if !entry.grants.contains(&blob.grant) {
-            entry.grants.push(blob.grant);
-        }
-        Ok(blob.agent_name)
+        Ok(blob.agent_name.to_owned())
     }
 
     fn peer_name(&self, agent_metadata: &[u8]) -> Option<String> {
-        blob::decode(agent_metadata).ok().map(|b| b.agent_name)
+        blob::decode(agent_metadata)
+            .ok()
+            .map(|b| b.agent_name.to_owned())
     }
 
     fn unload_remote(&self, peer: &str) -> Result<()> {

@@ -8,11 +8,11 @@ use descriptor_core::{Error, Result};
 
 const MAGIC: &[u8; 4] = b"LBK1";
 
-pub(crate) struct Blob {
+pub(crate) struct Blob<'a> {
     pub(crate) fabric: u64,
     pub(crate) agent_id: u64,
     pub(crate) grant: u64,
-    pub(crate) agent_name: String,
+    pub(crate) agent_name: &'a str,
 }
 
 pub(crate) fn encode(fabric: u64, agent_id: u64, grant: u64, agent_name: &str) -> Vec<u8> {
@@ -25,7 +25,7 @@ pub(crate) fn encode(fabric: u64, agent_id: u64, grant: u64, agent_name: &str) -
     out
 }
 
-pub(crate) fn decode(bytes: &[u8]) -> Result<Blob> {
+pub(crate) fn decode(bytes: &[u8]) -> Result<Blob<'_>> {
     let bad = |reason: &str| Error::InvalidMetadata {
         field: "nixl_metadata".into(),
         reason: format!("not loopback agent metadata: {reason}"),
@@ -44,7 +44,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Blob> {
         fabric,
         agent_id,
         grant,
-        agent_name: agent_name.to_owned(),
+        agent_name,
     })
 }
 

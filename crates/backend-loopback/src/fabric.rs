@@ -191,6 +191,22 @@ pub(crate) struct LoadedPeer {
     pub(crate) grants: Vec<u64>,
 }
 
+impl LoadedPeer {
+    /// Records that `peer`'s metadata gave this agent exposure `grant`.
+    pub(crate) fn admit(&mut self, peer: &Arc<Agent>, grant: u64) {
+        if self.agent.upgrade().is_none_or(|a| a.id != peer.id) {
+            // A new agent took a vanished one's name: forget the old one's grants.
+            self.agent = Arc::downgrade(peer);
+            self.grants.clear();
+        }
+        // Forget grants the peer has revoked, so the list tracks live operations.
+        self.grants.retain(|&g| peer.grant(g).is_some());
+        if !self.grants.contains(&grant) {
+            self.grants.push(grant);
+        }
+    }
+}
+
 /// One exposure: regions a peer may access one way, until revoked.
 pub(crate) struct Grant {
     pub(crate) access: OperationKind,
