@@ -45,6 +45,9 @@ mod flags {
             /// Only these movers, and no extras: NAME[,...] (memcpy, loopback,
             /// nixl, nixl-sys-raw, nixl-xproc, nixl-sys-raw-xproc).
             optional --movers list: String
+            /// Sweeps of every size, each interleaved on its own; a row reports
+            /// the median of the sweeps (default 3).
+            optional --runs n: usize
         }
     }
 }
@@ -88,9 +91,23 @@ fn sizes(quick: bool) -> Vec<(usize, usize)> {
     out
 }
 
-fn iterations(total: usize, quick: bool) -> usize {
+/// Timed rounds of one size in each of `runs` sweeps: together about what one
+/// sweep took before, but at least a few per sweep.
+fn iterations(total: usize, quick: bool, runs: usize) -> usize {
     let budget = if quick { 48 * MIB } else { 256 * MIB };
-    (budget / total).clamp(if quick { 5 } else { 9 }, if quick { 300 } else { 1000 })
+    let (least, most) = if quick { (5, 300) } else { (9, 1000) };
+    ((budget / total).clamp(least, most) / runs.max(1)).max(least)
+}
+
+/// The median of `values` (the mean of the middle two for an even count).
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => f64::NAN,
+        _ if n % 2 == 1 => values[n / 2],
+        _ => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
 }
 
 /// Latencies at nanosecond resolution, three significant digits.
@@ -122,19 +139,55 @@ impl Latencies {
     }
 }
 
+/// Every size, `runs` times over: within a sweep the movers take turns round
+/// by round, so noise hits all alike; each row then reports the median of its
+/// sweeps (p50, p99), with each sweep's p50 kept.
 fn bandwidth(
     movers: &mut [Box<dyn Mover>],
     quick: bool,
     only: Option<&[(usize, usize)]>,
+    runs: usize,
+) -> Res<Vec<Row>> {
+    let sizes = only.map_or_else(|| sizes(quick), <[_]>::to_vec);
+    let mut sweeps: Vec<Vec<Row>> = Vec::new();
+    for run in 1..=runs.max(1) {
+        sweeps.push(sweep(movers, quick, &sizes, runs)?);
+        eprintln!("bench: sweep {run} of {runs} done");
+    }
+    let mut rows = sweeps.swap_remove(0);
+    for row in &mut rows {
+        let same = |r: &&Row| {
+            (r.backend, r.op, r.block_bytes, r.blocks)
+                == (row.backend, row.op, row.block_bytes, row.blocks)
+        };
+        let others: Vec<&Row> = sweeps.iter().filter_map(|s| s.iter().find(same)).collect();
+        let mut p50s: Vec<f64> = others.iter().map(|r| r.p50_us).collect();
+        p50s.insert(0, row.p50_us);
+        let mut p99s: Vec<f64> = others.iter().map(|r| r.p99_us).collect();
+        p99s.push(row.p99_us);
+        row.iterations += others.iter().map(|r| r.iterations).sum::<u64>();
+        row.p50_runs_us.clone_from(&p50s);
+        row.p50_us = median(&mut p50s);
+        row.p99_us = median(&mut p99s);
+        row.gbps = (row.block_bytes * row.blocks) as f64 / row.p50_us / 1e3;
+    }
+    Ok(rows)
+}
+
+/// One sweep: every size, the movers interleaved round by round.
+fn sweep(
+    movers: &mut [Box<dyn Mover>],
+    quick: bool,
+    sizes: &[(usize, usize)],
+    runs: usize,
 ) -> Res<Vec<Row>> {
     let mut rows = Vec::new();
-    let sizes = only.map_or_else(|| sizes(quick), <[_]>::to_vec);
-    for (block, blocks) in sizes {
+    for &(block, blocks) in sizes {
         for op in [Op::Read, Op::Write] {
             for m in movers.iter_mut() {
                 m.prepare(op, block, blocks)?;
             }
-            let iters = iterations(block * blocks, quick);
+            let iters = iterations(block * blocks, quick, runs);
             let mut samples = (0..movers.len())
                 .map(|_| Latencies::new())
                 .collect::<Res<Vec<_>>>()?;
@@ -155,15 +208,15 @@ fn bandwidth(
                 }
             }
             for (m, s) in movers.iter().zip(samples) {
-                let p50 = s.at(0.5);
                 rows.push(Row {
                     backend: m.name(),
                     op: op.name(),
                     block_bytes: block,
                     blocks,
-                    gbps: (block * blocks) as f64 / p50.as_secs_f64() / 1e9,
+                    gbps: (block * blocks) as f64 / s.at(0.5).as_secs_f64() / 1e9,
                     p50_us: s.us(0.5),
                     p99_us: s.us(0.99),
+                    p50_runs_us: Vec::new(),
                     iterations: s.len(),
                 });
             }
@@ -222,7 +275,7 @@ fn run(config: &flags::Bench) -> Res<()> {
         None => all_movers(config.movers.as_deref())?,
     };
     let only = config.sizes.as_ref().map(|s| s.0.as_slice());
-    let rows = bandwidth(&mut movers, config.quick, only)?;
+    let rows = bandwidth(&mut movers, config.quick, only, config.runs.unwrap_or(3))?;
     drop(movers);
     let extras = if only.is_some() || xproc_only.is_some() || config.movers.is_some() {
         extras::Extras::default()
@@ -288,6 +341,24 @@ mod tests {
             "{}",
             latencies.us(0.0)
         );
+    }
+
+    #[test]
+    fn a_row_reports_the_median_of_its_sweeps() {
+        assert_eq!(median(&mut [5.0, 1.0, 3.0]), 3.0);
+        assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(&mut [7.0]), 7.0);
+        assert!(median(&mut []).is_nan());
+    }
+
+    #[test]
+    fn sweeps_share_one_sweeps_iterations_but_keep_a_few_each() {
+        // Small transfers: the quick budget's 300 rounds, split over 3 sweeps.
+        assert_eq!(iterations(4 * KIB, true, 3), 100);
+        assert_eq!(iterations(4 * KIB, true, 1), 300);
+        // Large ones keep the floor in every sweep.
+        assert_eq!(iterations(16 * MIB, true, 3), 5);
+        assert_eq!(iterations(64 * MIB, false, 3), 9);
     }
 
     #[test]

@@ -13,6 +13,8 @@ pub(crate) struct Row {
     pub(crate) gbps: f64,
     pub(crate) p50_us: f64,
     pub(crate) p99_us: f64,
+    /// Each sweep's p50, in sweep order (`p50_us` is their median).
+    pub(crate) p50_runs_us: Vec<f64>,
     pub(crate) iterations: u64,
 }
 
@@ -57,7 +59,10 @@ fn configs(rows: &[Row]) -> Vec<(&'static str, usize, usize)> {
 }
 
 pub(crate) fn print(rows: &[Row], extras: &Extras) {
-    println!("\n== bandwidth (GB/s from the median; p50 / p99 in us) ==");
+    let sweeps = rows.first().map_or(0, |r| r.p50_runs_us.len());
+    println!(
+        "\n== bandwidth (GB/s from the p50; p50 / p99 in us; each the median of {sweeps} sweeps) =="
+    );
     println!(
         "{:<6} {:>8} {:>5} | {:>16} | {:>16} {:>6} | {:>16} {:>6} | {:>16}",
         "op", "block", "count", "memcpy", "loopback", "xmemc", "nixl", "xraw", "nixl-sys-raw"
@@ -265,7 +270,8 @@ pub(crate) fn json(rows: &[Row], extras: &Extras) -> String {
         .map(|r| {
             serde_json::json!({
                 "backend": r.backend, "op": r.op, "block_bytes": r.block_bytes, "blocks": r.blocks,
-                "gbps": r.gbps, "p50_us": r.p50_us, "p99_us": r.p99_us, "iterations": r.iterations,
+                "gbps": r.gbps, "p50_us": r.p50_us, "p99_us": r.p99_us,
+                "p50_runs_us": r.p50_runs_us, "iterations": r.iterations,
             })
         })
         .collect();
@@ -413,6 +419,7 @@ mod tests {
             gbps,
             p50_us: 1.0,
             p99_us: 2.0,
+            p50_runs_us: vec![1.0],
             iterations: 9,
         };
         let rows = [
