@@ -148,13 +148,17 @@ fn bandwidth(
     only: Option<&[(usize, usize)]>,
     runs: usize,
 ) -> Res<Vec<Row>> {
+    if runs == 0 {
+        return Err("--runs must be at least 1".into());
+    }
     let sizes = only.map_or_else(|| sizes(quick), <[_]>::to_vec);
     let mut sweeps: Vec<Vec<Row>> = Vec::new();
-    for run in 1..=runs.max(1) {
+    for run in 1..=runs {
         sweeps.push(sweep(movers, quick, &sizes, runs)?);
         eprintln!("bench: sweep {run} of {runs} done");
     }
-    let mut rows = sweeps.swap_remove(0);
+    // The first sweep's rows, in measurement order, take the medians.
+    let mut rows = sweeps.remove(0);
     for row in &mut rows {
         let same = |r: &&Row| {
             (r.backend, r.op, r.block_bytes, r.blocks)
