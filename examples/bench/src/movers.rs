@@ -294,9 +294,7 @@ impl RawNixl {
 }
 
 /// A DRAM transfer list of (address, length) ranges, for the raw baselines.
-pub(crate) fn dram_list(
-    ranges: impl IntoIterator<Item = (usize, usize)>,
-) -> Res<XferDescList<'static>> {
+fn dram_list(ranges: impl IntoIterator<Item = (usize, usize)>) -> Res<XferDescList<'static>> {
     let mut list = XferDescList::new(MemType::Dram).map_err(nixl("list"))?;
     for (addr, len) in ranges {
         list.add_desc(addr, len, 0);
@@ -314,10 +312,14 @@ pub(crate) fn ranges(bufs: &[Buf]) -> impl Iterator<Item = (usize, usize)> + '_ 
 pub(crate) fn raw_request(
     agent: &Agent,
     op: Op,
-    (local, remote): (&XferDescList<'_>, &XferDescList<'_>),
+    (local, remote): (
+        impl IntoIterator<Item = (usize, usize)>,
+        impl IntoIterator<Item = (usize, usize)>,
+    ),
     peer: &str,
     notification: &[u8],
 ) -> Res<XferRequest> {
+    let (local, remote) = (dram_list(local)?, dram_list(remote)?);
     let mut args = OptArgs::new().map_err(nixl("args"))?;
     args.set_notification_message(notification)
         .map_err(nixl("notif"))?;
@@ -327,7 +329,7 @@ pub(crate) fn raw_request(
         Op::Write => XferOp::Write,
     };
     agent
-        .create_xfer_req(op, local, remote, peer, Some(&args))
+        .create_xfer_req(op, &local, &remote, peer, Some(&args))
         .map_err(nixl("create"))
 }
 
@@ -362,12 +364,10 @@ impl Mover for RawNixl {
 
     fn run(&mut self, op: Op) -> Res<Duration> {
         let started = Instant::now();
-        let local = dram_list(ranges(&self.active_bufs))?;
-        let remote = dram_list(ranges(&self.passive_bufs))?;
         let req = raw_request(
             &self.active,
             op,
-            (&local, &remote),
+            (ranges(&self.active_bufs), ranges(&self.passive_bufs)),
             &self.peer,
             b"raw-bench",
         )?;

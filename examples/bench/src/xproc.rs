@@ -22,7 +22,7 @@ use backend_nixl::NixlBackend;
 use descriptor_core::{Connector, Descriptor, RdmaMetadata};
 use nixl_sys::{Agent, AgentConfig, NotificationMap, XferStatus};
 
-use crate::movers::{Buf, Mover, Op, Res, blocks, dram_list, nixl, ranges, raw_request, seeds};
+use crate::movers::{Buf, Mover, Op, Res, blocks, nixl, ranges, raw_request, seeds};
 
 /// NIXL's progress-thread delay of the raw baseline, as the issue asks.
 const RAW_PROGRESS_DELAY: Duration = Duration::from_millis(10);
@@ -283,12 +283,10 @@ impl Mover for XprocRaw {
 
     fn run(&mut self, op: Op) -> Res<Duration> {
         let started = Instant::now();
-        let local = dram_list(ranges(&self.bufs))?;
-        let remote = dram_list(self.remote.iter().copied())?;
         let req = raw_request(
             &self.agent,
             op,
-            (&local, &remote),
+            (ranges(&self.bufs), self.remote.iter().copied()),
             &self.remote_name,
             b"raw-xproc",
         )?;
