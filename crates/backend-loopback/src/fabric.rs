@@ -37,6 +37,10 @@ impl std::hash::Hasher for IdHasher {
 /// A map keyed by ids from [`next_id`].
 pub(crate) type IdMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<IdHasher>>;
 
+/// A map keyed by agent names, hashed with randomly seeded foldhash: several
+/// lookups per transfer, each much cheaper than SipHash's.
+pub(crate) type NameMap<V> = HashMap<String, V, foldhash::fast::RandomState>;
+
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -52,7 +56,7 @@ pub struct Fabric {
 
 pub(crate) struct FabricInner {
     pub(crate) id: u64,
-    agents: Mutex<HashMap<String, Arc<Agent>>>,
+    agents: Mutex<NameMap<Arc<Agent>>>,
 }
 
 impl Default for Fabric {
@@ -76,7 +80,7 @@ impl Fabric {
         Fabric {
             inner: Arc::new(FabricInner {
                 id: next_id(),
-                agents: Mutex::new(HashMap::new()),
+                agents: Mutex::new(NameMap::default()),
             }),
         }
     }
@@ -138,7 +142,7 @@ pub(crate) struct Agent {
     /// Live exposures, by exposure id.
     pub(crate) grants: RwLock<IdMap<u64, Arc<Grant>>>,
     /// Peers loaded from metadata: which of their exposures this agent was given.
-    pub(crate) loaded: Mutex<HashMap<String, LoadedPeer>>,
+    pub(crate) loaded: Mutex<NameMap<LoadedPeer>>,
     pub(crate) inbox: Mutex<Vec<Notification>>,
     pub(crate) hook: OnceLock<EventHook>,
 }
@@ -151,7 +155,7 @@ impl Agent {
             vanished: AtomicBool::new(false),
             regions: std::sync::atomic::AtomicUsize::new(0),
             grants: RwLock::new(IdMap::default()),
-            loaded: Mutex::new(HashMap::new()),
+            loaded: Mutex::new(NameMap::default()),
             inbox: Mutex::new(Vec::new()),
             hook: OnceLock::new(),
         }

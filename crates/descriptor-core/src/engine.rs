@@ -39,7 +39,7 @@ pub(crate) struct Engine {
 struct Work {
     active: Vec<Arc<OpShared>>,
     /// Passive operations by notification key, with the exposure each made.
-    passive: HashMap<Box<[u8]>, (ExposureId, Arc<OpShared>)>,
+    passive: HashMap<Box<[u8]>, (ExposureId, Arc<OpShared>), foldhash::fast::RandomState>,
     events: bool,
     shutdown: bool,
     thread: Option<thread::JoinHandle<()>>,

@@ -15,10 +15,11 @@
 //! The key is random per process, and equality is checked byte for byte: no
 //! blob passes for another.
 
-use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::sync::{Arc, PoisonError};
+
+use foldhash::fast::RandomState;
 
 use crate::backend::RegistrationBackend;
 use crate::error::Result;
@@ -49,7 +50,7 @@ pub(crate) struct RemoteCache {
 
 #[derive(Default)]
 struct State {
-    peers: HashMap<String, Peer>,
+    peers: HashMap<String, Peer, RandomState>,
     /// Blob key (see `RemoteCache::key`) to the blob and the peer it loaded.
     blobs: HashMap<u64, Memo, BuildHasherDefault<KeyHasher>>,
     clock: u64,
@@ -79,7 +80,7 @@ impl RemoteCache {
     pub(crate) fn new(backend: Arc<dyn RegistrationBackend>, max_idle: usize) -> RemoteCache {
         RemoteCache {
             backend,
-            hasher: RandomState::new(),
+            hasher: RandomState::default(),
             max_idle,
             state: Mutex::new(State::default()),
             calls_done: Condvar::new(),
