@@ -28,9 +28,14 @@ pub struct LoopbackBackend {
     fabric: Fabric,
     agent: Arc<Agent>,
     local: Mutex<LocalRegions>,
-    /// Posted transfers (each copied in `post`) until released.
-    transfers: Mutex<IdMap<u64, TransferState>>,
+    /// Posted transfers that failed (each copied in `post`), until released.
+    /// One that succeeded is not stored: its id says so ([`DONE`]).
+    failed: Mutex<IdMap<u64, TransferState>>,
 }
+
+/// Set in the id of a transfer that completed in `post`: `poll` and `release`
+/// need no lookup for it (ids from `next_id` never reach this bit).
+const DONE: u64 = 1 << 63;
 
 #[derive(Default)]
 struct LocalRegions {
@@ -70,7 +75,7 @@ impl LoopbackBackend {
             fabric: fabric.clone(),
             agent,
             local: Mutex::new(LocalRegions::default()),
-            transfers: Mutex::new(IdMap::default()),
+            failed: Mutex::new(IdMap::default()),
         })
     }
 
@@ -475,12 +480,18 @@ impl RegistrationBackend for LoopbackBackend {
         // the peer, whose event hook may call straight back into this backend.
         let state = self.plan(request)?.run();
         let id = next_id();
-        lock(&self.transfers).insert(id, state);
+        if matches!(state, TransferState::Done) {
+            return Ok(TransferId(id | DONE));
+        }
+        lock(&self.failed).insert(id, state);
         Ok(TransferId(id))
     }
 
     fn poll(&self, transfer: TransferId) -> TransferState {
-        lock(&self.transfers)
+        if transfer.0 & DONE != 0 {
+            return TransferState::Done;
+        }
+        lock(&self.failed)
             .get(&transfer.0)
             .cloned()
             .unwrap_or_else(|| TransferState::failed(format!("unknown transfer {}", transfer.0)))
@@ -488,7 +499,9 @@ impl RegistrationBackend for LoopbackBackend {
 
     fn release(&self, transfer: TransferId) -> Result<Release> {
         // Every copy ended in `post`: nothing is left to stop.
-        lock(&self.transfers).remove(&transfer.0);
+        if transfer.0 & DONE == 0 {
+            lock(&self.failed).remove(&transfer.0);
+        }
         Ok(Release::LetGo)
     }
 
