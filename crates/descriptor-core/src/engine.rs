@@ -181,6 +181,7 @@ impl Engine {
                 loop {
                     // Draining transfers still hold memory: finish them first.
                     if work.shutdown && work.active.is_empty() {
+                        drop(work);
                         tracing::debug!(agent = %self.name, "progress engine stopped");
                         return;
                     }

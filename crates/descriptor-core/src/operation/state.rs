@@ -418,23 +418,26 @@ impl OpShared {
             st.take_freed()
         };
         let dropped = catch_unwind(AssertUnwindSafe(|| drop(freed)));
-        let (wakers, sleepers) = {
+        let (wakers, sleepers, finished) = {
             let mut st = self.lock();
             let first = !st.settled;
             st.settled = true;
-            if first {
-                tracing::debug!(
-                    op = %self.role,
-                    status = ?st.status,
-                    bytes = self.bytes,
-                    elapsed_us = self.started.map(|t| t.elapsed().as_micros() as u64),
-                    reason = st.error.as_ref().map(ToString::to_string).unwrap_or_default(),
-                    pending = ?st.pending,
-                    "operation finished"
-                );
-            }
-            (std::mem::take(&mut st.wakers), st.sleepers > 0)
+            // Logged after the lock is released: a subscriber is user code.
+            let finished = (first && tracing::enabled!(tracing::Level::DEBUG))
+                .then(|| (st.status, st.error.clone(), st.pending));
+            (std::mem::take(&mut st.wakers), st.sleepers > 0, finished)
         };
+        if let Some((status, error, pending)) = finished {
+            tracing::debug!(
+                op = %self.role,
+                ?status,
+                bytes = self.bytes,
+                elapsed_us = self.started.map(|t| t.elapsed().as_micros() as u64),
+                reason = error.as_ref().map(ToString::to_string).unwrap_or_default(),
+                ?pending,
+                "operation finished"
+            );
+        }
         if sleepers {
             self.settled.notify_all();
         }
