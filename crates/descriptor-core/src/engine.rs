@@ -38,7 +38,8 @@ pub(crate) struct Engine {
 #[derive(Default)]
 struct Work {
     active: Vec<Arc<OpShared>>,
-    /// Passive operations by notification key, with the exposure each made.
+    /// Passive operations by notification key, with the exposure each made
+    /// (randomly seeded foldhash: a peer's key is hashed on every lookup).
     passive: HashMap<Box<[u8]>, (ExposureId, Arc<OpShared>), foldhash::fast::RandomState>,
     events: bool,
     shutdown: bool,

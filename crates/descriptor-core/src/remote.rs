@@ -12,8 +12,8 @@
 //! no backend call: a keyed hash of its length and ends finds a remembered
 //! blob, whose bytes must then equal the new one's (a full agent blob is
 //! kilobytes; hashing all of it on every operation cost more than comparing).
-//! The key is random per process, and equality is checked byte for byte: no
-//! blob passes for another.
+//! The hash (foldhash) is randomly seeded per cache, and equality is checked
+//! byte for byte: no blob passes for another.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
