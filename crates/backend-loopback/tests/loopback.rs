@@ -403,3 +403,60 @@ fn faults_leave_no_registration_exposure_or_peer_behind() {
         pattern(34, 4096).as_slice()
     );
 }
+
+/// The backend's own transfer bookkeeping, below the connector: a transfer
+/// that completed in `post` reads `Done` (its bytes in place) and is let go,
+/// and an id this backend never handed out reads as unknown, not as done.
+#[test]
+fn completed_transfers_read_done_and_unknown_ids_do_not() {
+    use descriptor_core::{
+        RegistrationBackend, Release, Segment, TransferId, TransferRequest, TransferState,
+    };
+    // Declared first, so dropped last: the backends go before the buffers.
+    let src = pattern(35, 4096);
+    let mut dst = vec![0u8; 4096];
+    let fabric = Fabric::new();
+    let server = LoopbackBackend::new(&fabric, "server").unwrap();
+    let client = LoopbackBackend::new(&fabric, "client").unwrap();
+    let segment = |addr: usize| Segment {
+        addr,
+        len: 4096,
+        device: Device::HOST,
+    };
+    let remote = segment(src.as_ptr().expose_provenance());
+    let local = segment(dst.as_mut_ptr().expose_provenance());
+    // SAFETY: both buffers outlive the backends (declared before them), and
+    // the transfer ends inside `post` (the loopback copies there); `src` is
+    // registered read-only and only read, `dst` only written by the copy.
+    let id = unsafe {
+        let source = server.register(&remote, false).unwrap();
+        let exposure = server.expose(&[source], OperationKind::Read).unwrap();
+        client.register(&local, true).unwrap();
+        let peer = client.load_remote(&exposure.agent_metadata).unwrap();
+        client
+            .post(&TransferRequest {
+                op: OperationKind::Read,
+                peer: &peer,
+                local: &[local],
+                remote: &[remote],
+                notification: b"key",
+            })
+            .unwrap()
+    };
+    assert!(matches!(client.poll(id), TransferState::Done));
+    assert_eq!(dst, src, "the bytes are in place once it reads done");
+    let mut notes = Vec::new();
+    server
+        .drain_notifications(&mut |n| notes.push(n.payload))
+        .unwrap();
+    assert_eq!(notes, [b"key".to_vec()]);
+    assert!(matches!(client.release(id), Ok(Release::LetGo)));
+    for never in [TransferId(0), TransferId(id.0 ^ (1 << 63))] {
+        match client.poll(never) {
+            TransferState::Failed(cause) => {
+                assert!(cause.to_string().contains("unknown transfer"), "{cause}")
+            }
+            other => panic!("transfer {} was never posted, yet reads {other:?}", never.0),
+        }
+    }
+}
