@@ -151,8 +151,7 @@ impl RemoteCache {
             .filter(|(blob, _)| **blob == *agent_metadata)
             .map(|(_, peer)| Arc::clone(peer));
         if let Some(peer) = known {
-            state.clock += 1;
-            let now = state.clock;
+            let now = state.tick();
             if let Some(entry) = state.peers.get_mut(&*peer) {
                 entry.take_ref(now);
             }
@@ -169,8 +168,7 @@ impl RemoteCache {
         let _call = InFlight::load(self);
         let loaded = self.backend.load_remote(agent_metadata)?;
         let mut state = self.lock();
-        state.clock += 1;
-        let now = state.clock;
+        let now = state.tick();
         let State { peers, blobs, .. } = &mut *state;
         let entry = peers.entry(loaded).or_insert_with_key(|name| Peer {
             name: name.as_str().into(),
@@ -209,8 +207,7 @@ impl RemoteCache {
 
     fn release(&self, peer: &str) {
         let mut state = self.lock();
-        state.clock += 1;
-        let now = state.clock;
+        let now = state.tick();
         if let Some(entry) = state.peers.get_mut(peer) {
             entry.refs = entry.refs.saturating_sub(1);
             entry.last_used = now;
@@ -284,6 +281,14 @@ impl RemoteCache {
 
     pub(crate) fn unload_idle(&self) {
         self.evict(self.lock(), 0);
+    }
+}
+
+impl State {
+    /// Advances the use clock and returns the new time.
+    fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
     }
 }
 
