@@ -10,7 +10,7 @@ use descriptor_core::{
 };
 
 use crate::blob;
-use crate::fabric::{Agent, Fabric, Grant, IdMap, LoadedPeer, lock, next_id};
+use crate::fabric::{Agent, Fabric, Grant, IdMap, lock, next_id};
 
 const NAME: &str = "loopback";
 const MAX_AGENT_NAME: usize = 255;
@@ -21,8 +21,10 @@ const MAX_AGENT_NAME: usize = 255;
 /// (grants) each passive operation made, and checks every remote range of every
 /// transfer against them, so a forged pointer or size is an error, never a memory
 /// access. A readable's regions can only be read and a writable's only written,
-/// only by agents that loaded that operation's metadata, and only until the
-/// operation ends. As with NIXL, the connector learns of completion by polling
+/// only by a transfer that carries that operation's notification key (a random
+/// UUID that only its metadata tells), and only until the operation ends. The
+/// agent metadata names the agent alone, so a peer loads it once and the
+/// connector's remote cache recognises it on every later operation. As with NIXL, the connector learns of completion by polling
 /// and of a peer's notification through the event hook.
 pub struct LoopbackBackend {
     fabric: Fabric,
@@ -105,50 +107,35 @@ impl LoopbackBackend {
         }
     }
 
-    /// Whether `remote` lies in an exposure of `peer` given to this agent for
-    /// the other kind of operation (to say so in the error).
-    fn covered_by_other_kind(
-        &self,
-        peer: &Agent,
-        peer_name: &str,
-        access: OperationKind,
-        remote: &Segment,
-    ) -> bool {
-        let given = lock(&self.agent.loaded)
-            .get(peer_name)
-            .map(|entry| entry.grants.clone())
-            .unwrap_or_default();
-        given
-            .iter()
-            .filter_map(|&id| peer.grant(id))
-            .any(|g| g.access != access && g.covers(remote))
-    }
-
     /// Checks a request against what both sides really registered and exposed.
     fn plan(&self, request: &TransferRequest<'_>) -> Result<Job> {
         let peer_name = request.peer;
         let access = request.op;
-        // The peer's live exposures that this agent was given, of this kind.
-        let (peer, grants) = {
-            let loaded = lock(&self.agent.loaded);
-            let entry = loaded
-                .get(peer_name)
-                .ok_or_else(|| Self::denied(peer_name, "its metadata was never loaded".into()))?;
-            let peer = entry
-                .agent
-                .upgrade()
-                .filter(|p| !p.is_gone())
-                .ok_or_else(|| Self::denied(peer_name, "the peer has vanished".into()))?;
-            let live = peer.grants.read().unwrap_or_else(PoisonError::into_inner);
-            let grants: Vec<(u64, Arc<Grant>)> = entry
-                .grants
-                .iter()
-                .filter_map(|id| live.get(id).map(|g| (*id, Arc::clone(g))))
-                .filter(|(_, g)| g.access == access)
-                .collect();
-            drop(live);
-            (peer, grants)
-        };
+        let peer = lock(&self.agent.loaded)
+            .get(peer_name)
+            .ok_or_else(|| Self::denied(peer_name, "its metadata was never loaded".into()))?
+            .upgrade()
+            .filter(|p| !p.is_gone())
+            .ok_or_else(|| Self::denied(peer_name, "the peer has vanished".into()))?;
+        // The exposure the transfer's key names: the only memory it may reach.
+        let (exposure, grant) = peer.grant_for(request.notification).ok_or_else(|| {
+            Self::denied(
+                peer_name,
+                "no live operation of the peer has the transfer's notification key (it ended, or the metadata is stale or forged)".into(),
+            )
+        })?;
+        if grant.access != access {
+            let (verb, wrong, right) = match access {
+                OperationKind::Read => ("read", "writable", "readable"),
+                OperationKind::Write => ("written", "readable", "writable"),
+            };
+            return Err(Self::denied(
+                peer_name,
+                format!(
+                    "the notification key belongs to a {wrong} operation of the peer, which cannot be {verb} (its metadata was for the other kind of operation, or forged to look like a {right})"
+                ),
+            ));
+        }
         if request.local.len() != request.remote.len() {
             return Err(Error::backend(
                 NAME,
@@ -195,40 +182,25 @@ impl LoopbackBackend {
                     ));
                 }
             }
-            let grant = grants.iter().position(|(_, g)| g.covers(remote)).ok_or_else(|| {
-                let (verb, wrong, right) = match access {
-                    OperationKind::Read => ("read", "writable", "readable"),
-                    OperationKind::Write => ("written", "readable", "writable"),
-                };
-                let reason = if self.covered_by_other_kind(&peer, peer_name, access, remote) {
+            if !grant.covers(remote) {
+                return Err(Self::denied(
+                    peer_name,
                     format!(
-                        "remote descriptor {index} ({:#x}+{}) belongs to a {wrong} operation of the peer, which cannot be {verb} (its metadata was for the other kind of operation, or forged to look like a {right})",
+                        "remote descriptor {index} ({:#x}+{}) is not inside memory the peer exposed for the operation its notification key names",
                         remote.addr, remote.len,
-                    )
-                } else {
-                    format!(
-                        "remote descriptor {index} ({:#x}+{}) is not inside memory the peer exposed to this agent",
-                        remote.addr, remote.len,
-                    )
-                };
-                Self::denied(peer_name, reason)
-            })?;
-            pairs.push((local.addr, remote.addr, local.len, grant));
+                    ),
+                ));
+            }
+            pairs.push((local.addr, remote.addr, local.len));
         }
-        let mut exposures: Vec<ExposureId> = pairs
-            .iter()
-            .map(|&(_, _, _, grant)| ExposureId(grants[grant].0))
-            .collect();
-        exposures.sort_unstable();
-        exposures.dedup();
         Ok(Job {
             op: request.op,
             from: self.agent.name.clone(),
             peer,
-            grants,
-            exposures,
+            grant,
+            exposure: ExposureId(exposure),
             pairs,
-            notification: request.notification.to_vec(),
+            notification: request.notify.then(|| request.notification.to_vec()),
         })
     }
 }
@@ -264,37 +236,38 @@ struct Job {
     op: OperationKind,
     from: String,
     peer: Arc<Agent>,
-    /// (exposure id, exposure) of each grant a pair may use.
-    grants: Vec<(u64, Arc<Grant>)>,
-    /// The peer's exposures the pairs reach, told to it with the notification.
-    exposures: Vec<ExposureId>,
-    /// (local addr, remote addr, len, index into `grants`)
-    pairs: Vec<(usize, usize, usize, usize)>,
-    notification: Vec<u8>,
+    /// The exposure every remote range lies in.
+    grant: Arc<Grant>,
+    exposure: ExposureId,
+    /// (local addr, remote addr, len)
+    pairs: Vec<(usize, usize, usize)>,
+    /// Told to the peer once the bytes are in place; `None`: a lost notification.
+    notification: Option<Vec<u8>>,
 }
 
 impl Job {
-    /// Copies every pair, each under its grant's read lock, then notifies the peer.
+    /// Copies every pair under the grant's read lock, then notifies the peer.
     fn run(self) -> TransferState {
         if self.peer.is_gone() {
             return TransferState::failed(format!("peer {:?} vanished", self.peer.name));
         }
-        for &(local, remote, len, grant) in &self.pairs {
-            let Some(_live) = self.grants[grant].1.hold() else {
-                return TransferState::failed(format!(
-                    "peer {:?} revoked access before the transfer ran",
-                    self.peer.name
-                ));
-            };
+        let Some(live) = self.grant.hold() else {
+            return TransferState::failed(format!(
+                "peer {:?} revoked access before the transfer ran",
+                self.peer.name
+            ));
+        };
+        for &(local, remote, len) in &self.pairs {
             let (src, dst) = match self.op {
                 OperationKind::Read => (remote, local),
                 OperationKind::Write => (local, remote),
             };
             // SAFETY: the remote range lies inside a region the peer registered
             // (valid, and writable if exposed for WRITE: `expose` refuses read-only
-            // regions) and exposed to us; the grant's read lock keeps the exposure
-            // live, and the peer frees that memory only after revoking it. The local
-            // range lies inside a region registered with this agent, valid (and
+            // regions) and exposed for the operation whose key this transfer
+            // carries; the grant's read lock (`live`) keeps the exposure live, and
+            // the peer frees that memory only after revoking it. The local range
+            // lies inside a region registered with this agent, valid (and
             // writable when READ into) until `release` returns `LetGo` for the
             // transfer (`post`'s contract), which cannot happen before `post`,
             // which runs this copy, has returned. `copy` tolerates overlap.
@@ -306,11 +279,15 @@ impl Job {
                 );
             }
         }
-        self.peer.notify(Notification {
-            from: self.from,
-            payload: self.notification,
-            exposures: self.exposures,
-        });
+        // Released before the peer is told: its hook may revoke the exposure.
+        drop(live);
+        if let Some(payload) = self.notification {
+            self.peer.notify(Notification {
+                from: self.from,
+                payload,
+                exposures: vec![self.exposure],
+            });
+        }
         TransferState::Done
     }
 }
@@ -367,24 +344,29 @@ impl RegistrationBackend for LoopbackBackend {
             ));
         }
         // An exposure never outlives the memory it names.
-        let mut grants = self
-            .agent
+        self.agent
             .grants
             .write()
-            .unwrap_or_else(PoisonError::into_inner);
-        grants.retain(|_, grant| {
-            let covers = grant.regions.iter().any(|(id, _)| *id == region);
-            if covers {
-                grant.revoke();
-            }
-            !covers
-        });
+            .unwrap_or_else(PoisonError::into_inner)
+            .revoke_region(region);
         Ok(())
     }
 
-    unsafe fn expose(&self, regions: &[RegionId], access: OperationKind) -> Result<Exposure> {
+    unsafe fn expose(
+        &self,
+        regions: &[RegionId],
+        access: OperationKind,
+        key: &[u8],
+    ) -> Result<Exposure> {
         if self.agent.is_gone() {
             return Err(self.gone("expose"));
+        }
+        if key.is_empty() {
+            return Err(Error::backend(
+                NAME,
+                "expose",
+                "an exposure needs a notification key (none given)",
+            ));
         }
         let local = lock(&self.local);
         let mut exposed = Vec::with_capacity(regions.len());
@@ -399,14 +381,22 @@ impl RegistrationBackend for LoopbackBackend {
         }
         drop(local);
         let id = next_id();
-        self.agent
+        let added = self
+            .agent
             .grants
             .write()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(id, Arc::new(Grant::new(access, exposed)));
+            .insert(id, Grant::new(access, key, exposed));
+        if !added {
+            return Err(Error::backend(
+                NAME,
+                "expose",
+                "a live exposure already has that notification key",
+            ));
+        }
         Ok(Exposure {
             id: ExposureId(id),
-            agent_metadata: blob::encode(self.fabric.inner.id, self.agent.id, id, &self.agent.name),
+            agent_metadata: blob::encode(self.fabric.inner.id, self.agent.id, &self.agent.name),
         })
     }
 
@@ -416,7 +406,7 @@ impl RegistrationBackend for LoopbackBackend {
             .grants
             .write()
             .unwrap_or_else(PoisonError::into_inner)
-            .remove(&exposure.0);
+            .remove(exposure.0);
         if let Some(grant) = grant {
             grant.revoke();
         }
@@ -446,16 +436,12 @@ impl RegistrationBackend for LoopbackBackend {
                 )
             })?;
         let mut loaded = lock(&self.agent.loaded);
-        // Looked up first: the name is copied only for a new peer.
+        // Looked up first: the name is copied only for a new peer. A new agent
+        // that took a vanished one's name replaces it.
         match loaded.get_mut(blob.agent_name) {
-            Some(entry) => entry.admit(&peer, blob.grant),
+            Some(entry) => *entry = Arc::downgrade(&peer),
             None => {
-                let mut entry = LoadedPeer {
-                    agent: Arc::downgrade(&peer),
-                    grants: Vec::new(),
-                };
-                entry.admit(&peer, blob.grant);
-                loaded.insert(blob.agent_name.to_owned(), entry);
+                loaded.insert(blob.agent_name.to_owned(), Arc::downgrade(&peer));
             }
         }
         Ok(blob.agent_name.to_owned())

@@ -2,6 +2,7 @@
 //! agent registered and exposed.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock, RwLockReadGuard, Weak};
 
@@ -40,6 +41,10 @@ pub(crate) type IdMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<IdHash
 /// A map keyed by agent names, hashed with randomly seeded foldhash: several
 /// lookups per transfer, each much cheaper than SipHash's.
 pub(crate) type NameMap<V> = HashMap<String, V, foldhash::fast::RandomState>;
+
+/// A map keyed by notification keys (peer-given bytes on lookup), hashed with
+/// randomly seeded foldhash.
+pub(crate) type KeyMap<V> = HashMap<Arc<[u8]>, V, foldhash::fast::RandomState>;
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -107,6 +112,7 @@ impl Fabric {
             .grants
             .read()
             .unwrap_or_else(PoisonError::into_inner)
+            .by_id
             .len();
         Some((agent.regions.load(Ordering::Relaxed), grants))
     }
@@ -139,10 +145,11 @@ pub(crate) struct Agent {
     pub(crate) vanished: AtomicBool,
     /// Regions registered right now (for leak checks).
     pub(crate) regions: std::sync::atomic::AtomicUsize,
-    /// Live exposures, by exposure id.
-    pub(crate) grants: RwLock<IdMap<u64, Arc<Grant>>>,
-    /// Peers loaded from metadata: which of their exposures this agent was given.
-    pub(crate) loaded: Mutex<NameMap<LoadedPeer>>,
+    /// Live exposures.
+    pub(crate) grants: RwLock<Grants>,
+    /// Peers loaded from metadata. Their metadata names the agent only: what
+    /// a transfer may reach is the exposure its notification key names.
+    pub(crate) loaded: Mutex<NameMap<Weak<Agent>>>,
     pub(crate) inbox: Mutex<Vec<Notification>>,
     pub(crate) hook: OnceLock<EventHook>,
 }
@@ -154,7 +161,7 @@ impl Agent {
             name: name.to_owned(),
             vanished: AtomicBool::new(false),
             regions: std::sync::atomic::AtomicUsize::new(0),
-            grants: RwLock::new(IdMap::default()),
+            grants: RwLock::new(Grants::default()),
             loaded: Mutex::new(NameMap::default()),
             inbox: Mutex::new(Vec::new()),
             hook: OnceLock::new(),
@@ -165,12 +172,13 @@ impl Agent {
         self.vanished.load(Ordering::Acquire)
     }
 
-    pub(crate) fn grant(&self, id: u64) -> Option<Arc<Grant>> {
-        self.grants
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&id)
-            .cloned()
+    /// The live exposure made for the operation with notification key `key`.
+    pub(crate) fn grant_for(&self, key: &[u8]) -> Option<(u64, Arc<Grant>)> {
+        let grants = self.grants.read().unwrap_or_else(PoisonError::into_inner);
+        grants
+            .by_key
+            .get(key)
+            .map(|(id, grant)| (*id, Arc::clone(grant)))
     }
 
     /// Delivers a notification and wakes the agent's connector.
@@ -189,31 +197,55 @@ impl Agent {
     }
 }
 
-/// What this agent learnt about one peer from loaded metadata.
-pub(crate) struct LoadedPeer {
-    pub(crate) agent: Weak<Agent>,
-    pub(crate) grants: Vec<u64>,
+/// An agent's live exposures, by id and by the notification key of the
+/// operation each was made for (one exposure per key).
+#[derive(Default)]
+pub(crate) struct Grants {
+    pub(crate) by_id: IdMap<u64, Arc<Grant>>,
+    /// The key is the grant's own (`Grant::key`), shared.
+    by_key: KeyMap<(u64, Arc<Grant>)>,
 }
 
-impl LoadedPeer {
-    /// Records that `peer`'s metadata gave this agent exposure `grant`.
-    pub(crate) fn admit(&mut self, peer: &Arc<Agent>, grant: u64) {
-        if self.agent.upgrade().is_none_or(|a| a.id != peer.id) {
-            // A new agent took a vanished one's name: forget the old one's grants.
-            self.agent = Arc::downgrade(peer);
-            self.grants.clear();
+impl Grants {
+    /// Adds exposure `id`; false (and nothing added) if `grant`'s key is taken.
+    pub(crate) fn insert(&mut self, id: u64, grant: Grant) -> bool {
+        match self.by_key.entry(Arc::clone(&grant.key)) {
+            Entry::Occupied(_) => false,
+            Entry::Vacant(slot) => {
+                let grant = Arc::new(grant);
+                slot.insert((id, Arc::clone(&grant)));
+                self.by_id.insert(id, grant);
+                true
+            }
         }
-        // Forget grants the peer has revoked, so the list tracks live operations.
-        self.grants.retain(|&g| peer.grant(g).is_some());
-        if !self.grants.contains(&grant) {
-            self.grants.push(grant);
-        }
+    }
+
+    /// Removes exposure `id`, if live.
+    pub(crate) fn remove(&mut self, id: u64) -> Option<Arc<Grant>> {
+        let grant = self.by_id.remove(&id)?;
+        self.by_key.remove(&grant.key);
+        Some(grant)
+    }
+
+    /// Revokes and removes every exposure that covers `region`.
+    pub(crate) fn revoke_region(&mut self, region: RegionId) {
+        let Grants { by_id, by_key } = self;
+        by_id.retain(|_, grant| {
+            let covers = grant.regions.iter().any(|(id, _)| *id == region);
+            if covers {
+                grant.revoke();
+                by_key.remove(&grant.key);
+            }
+            !covers
+        });
     }
 }
 
 /// One exposure: regions a peer may access one way, until revoked.
 pub(crate) struct Grant {
     pub(crate) access: OperationKind,
+    /// The notification key of the operation it was made for.
+    pub(crate) key: Arc<[u8]>,
     pub(crate) regions: Vec<(RegionId, Segment)>,
     /// Transfers copy under the read lock; revocation takes the write lock, so
     /// once `revoke` returns no copy into these regions is running or will start.
@@ -221,10 +253,15 @@ pub(crate) struct Grant {
 }
 
 impl Grant {
-    pub(crate) fn new(access: OperationKind, mut regions: Vec<(RegionId, Segment)>) -> Grant {
+    pub(crate) fn new(
+        access: OperationKind,
+        key: &[u8],
+        mut regions: Vec<(RegionId, Segment)>,
+    ) -> Grant {
         regions.sort_by_key(|(_, r)| r.addr);
         Grant {
             access,
+            key: key.into(),
             regions,
             live: RwLock::new(true),
         }

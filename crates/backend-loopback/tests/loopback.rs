@@ -99,20 +99,18 @@ fn region_exposed_by_another_operation_is_out_of_reach() {
 }
 
 #[test]
-fn a_notification_carrying_another_operations_key_completes_nothing() {
+fn a_transfer_carrying_another_operations_key_is_refused() {
     let (_f, server, client, _) = pair();
     let victim = server.create_writable(zeroed(4096)).unwrap();
     let other = server.create_writable(zeroed(4096)).unwrap();
-    // A peer with `other`'s metadata writes there but sends `victim`'s key.
+    // A peer with `other`'s metadata aims at `other`'s buffer but carries
+    // `victim`'s key: the key names `victim`'s exposure, which does not hold
+    // that buffer, so nothing moves and nobody is told.
     let forged = rekeyed(other.metadata(), victim.metadata());
-    client
-        .begin_write(filled(6, 4096), &forged)
-        .unwrap()
-        .wait_timeout(LONG)
-        .unwrap();
-    // The transfer reached `other`'s memory, so the key of `victim` is refused:
-    // the victim does not complete (and would otherwise hand back its zeroes
-    // as if written), and `other` was not notified with its own key.
+    assert_denied(
+        client.begin_write(filled(6, 4096), &forged),
+        "not inside memory the peer exposed for the operation its notification key names",
+    );
     assert!(matches!(
         victim.wait_timeout(SHORT),
         Err(Error::TimedOut(_))
@@ -127,6 +125,7 @@ fn a_notification_carrying_another_operations_key_completes_nothing() {
     victim.wait_timeout(LONG).unwrap();
     let back = victim.into_descriptors().unwrap();
     assert_eq!(back[0].as_slice().unwrap(), pattern(7, 4096).as_slice());
+    assert_untouched(other);
 }
 
 #[test]
@@ -430,7 +429,9 @@ fn completed_transfers_read_done_and_unknown_ids_do_not() {
     // registered read-only and only read, `dst` only written by the copy.
     let id = unsafe {
         let source = server.register(&remote, false).unwrap();
-        let exposure = server.expose(&[source], OperationKind::Read).unwrap();
+        let exposure = server
+            .expose(&[source], OperationKind::Read, b"key")
+            .unwrap();
         client.register(&local, true).unwrap();
         let peer = client.load_remote(&exposure.agent_metadata).unwrap();
         client
@@ -440,6 +441,7 @@ fn completed_transfers_read_done_and_unknown_ids_do_not() {
                 local: &[local],
                 remote: &[remote],
                 notification: b"key",
+                notify: true,
             })
             .unwrap()
     };

@@ -410,7 +410,13 @@ impl RegistrationBackend for NixlBackend {
         }
     }
 
-    unsafe fn expose(&self, regions: &[RegionId], access: OperationKind) -> Result<Exposure> {
+    /// NIXL cannot bind an exposure to a notification key: `_key` is unused.
+    unsafe fn expose(
+        &self,
+        regions: &[RegionId],
+        access: OperationKind,
+        _key: &[u8],
+    ) -> Result<Exposure> {
         let segments = {
             let registered = lock(&self.regions);
             let mut segments = Vec::with_capacity(regions.len());
@@ -509,9 +515,11 @@ impl RegistrationBackend for NixlBackend {
         let local = xfer_list(request.local, Side::Local)?;
         let remote = xfer_list(request.remote, Side::Remote)?;
         let mut args = OptArgs::new().map_err(|e| nixl_error(context(), e))?;
-        args.set_notification_message(request.notification)
-            .and_then(|()| args.set_has_notification(true))
-            .map_err(|e| nixl_error(context(), e))?;
+        if request.notify {
+            args.set_notification_message(request.notification)
+                .and_then(|()| args.set_has_notification(true))
+                .map_err(|e| nixl_error(context(), e))?;
+        }
         let xfer = self
             .live
             .agent

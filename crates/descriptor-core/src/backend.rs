@@ -86,8 +86,17 @@ pub struct TransferRequest<'a> {
     pub local: &'a [Segment],
     /// Remote segments, as the peer's metadata describes them (untrusted).
     pub remote: &'a [Segment],
-    /// Delivered to the peer once the transfer has completed.
+    /// The notification key of the peer's operation, from its metadata: the
+    /// bytes the peer's backend was given in [`RegistrationBackend::expose`].
+    /// A backend may let the transfer reach only the exposure made for this
+    /// key (loopback does). Delivered to the peer once the transfer has
+    /// completed, unless `notify` is false.
     pub notification: &'a [u8],
+    /// Whether the peer is told: true for every transfer a connector posts;
+    /// false moves the bytes without a notification, so the peer's operation
+    /// does not complete (a lost notification, injected by
+    /// `Faults::drop_next_notification` under the `faults` feature).
+    pub notify: bool,
 }
 
 impl TransferRequest<'_> {
@@ -165,7 +174,7 @@ pub type EventHook = Arc<dyn Fn() + Send + Sync>;
 /// // Exposing a region behind the connector's back takes `unsafe`: the region
 /// // may belong to a descriptor that safe code is reading or writing.
 /// fn expose_held_memory(backend: &dyn RegistrationBackend) {
-///     let _ = backend.expose(&[RegionId(1)], OperationKind::Write);
+///     let _ = backend.expose(&[RegionId(1)], OperationKind::Write, b"key");
 /// }
 /// ```
 ///
@@ -204,6 +213,12 @@ pub trait RegistrationBackend: Send + Sync + 'static {
     /// WRITE for a writable), ideally nothing more than those regions. Exposing a
     /// region registered read-only for WRITE is an error.
     ///
+    /// `key` is the notification key of the operation the exposure is made for
+    /// (unique among this agent's live exposures, never empty): the peer's
+    /// transfers carry it in [`TransferRequest::notification`]. A backend may
+    /// bind the exposure to it, so that only a transfer carrying the key
+    /// reaches these regions (loopback does; NIXL cannot and ignores it).
+    ///
     /// # Safety
     ///
     /// From the call on, a peer that is given the returned metadata may read or
@@ -212,7 +227,12 @@ pub trait RegistrationBackend: Send + Sync + 'static {
     /// has returned for the exposure when [`revocation_enforced`](Self::revocation_enforced)
     /// is true; otherwise until the peer has notified completion, or for ever.
     /// On `Err` nothing was exposed.
-    unsafe fn expose(&self, regions: &[RegionId], access: OperationKind) -> Result<Exposure>;
+    unsafe fn expose(
+        &self,
+        regions: &[RegionId],
+        access: OperationKind,
+        key: &[u8],
+    ) -> Result<Exposure>;
 
     /// Ends an exposure. See [`revocation_enforced`](Self::revocation_enforced).
     fn revoke(&self, exposure: ExposureId) -> Result<()>;
@@ -302,9 +322,14 @@ impl<B: RegistrationBackend + ?Sized> RegistrationBackend for Box<B> {
     fn deregister(&self, region: RegionId) -> Result<()> {
         (**self).deregister(region)
     }
-    unsafe fn expose(&self, regions: &[RegionId], access: OperationKind) -> Result<Exposure> {
+    unsafe fn expose(
+        &self,
+        regions: &[RegionId],
+        access: OperationKind,
+        key: &[u8],
+    ) -> Result<Exposure> {
         // SAFETY: our caller's contract is the boxed backend's.
-        unsafe { (**self).expose(regions, access) }
+        unsafe { (**self).expose(regions, access, key) }
     }
     fn revoke(&self, exposure: ExposureId) -> Result<()> {
         (**self).revoke(exposure)

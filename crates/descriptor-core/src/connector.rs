@@ -241,6 +241,8 @@ impl Connector {
             d.register_memory(self)?;
             regions.extend(d.region());
         }
+        // The key the peer's notification carries, and the exposure is bound to.
+        let key = uuid::Uuid::new_v4().to_string();
         // From here on a peer may touch the memory: should anything panic
         // before the operation owns it, the `Held` leaks it.
         let descriptors = Held::new(descriptors);
@@ -249,14 +251,14 @@ impl Connector {
         // only once the exposure is revoked (and, when revocation is not
         // enforced, only if the peer notified completion): `OpShared::let_go`.
         // If `expose` fails, nothing was exposed and they are freed normally.
-        let exposure = match unsafe { self.inner.backend.expose(&regions, access) } {
+        let exposed = unsafe { self.inner.backend.expose(&regions, access, key.as_bytes()) };
+        let exposure = match exposed {
             Ok(exposure) => exposure,
             Err(e) => {
                 drop(descriptors.release());
                 return Err(e);
             }
         };
-        let key = uuid::Uuid::new_v4().to_string();
         let serialized = descriptors.iter().map(Descriptor::serialized).collect();
         let bytes = descriptors.iter().map(Descriptor::size).sum();
         let shared = OpShared::new(
@@ -308,6 +310,7 @@ impl Connector {
             local: &local_segments,
             remote: &remote_segments,
             notification: remote.notification_key().as_bytes(),
+            notify: true,
         };
         let bytes = request.bytes();
         let span = tracing::debug_span!("post", connector = %self.inner.name, peer = %lease.peer, ?op, bytes);

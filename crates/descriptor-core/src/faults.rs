@@ -164,6 +164,7 @@ struct HeldRequest {
     local: Vec<Segment>,
     remote: Vec<Segment>,
     notification: Vec<u8>,
+    notify: bool,
 }
 
 /// What [`Faults`] reaches, whatever the backend type.
@@ -253,8 +254,9 @@ impl Faults {
         Stall { gate }
     }
 
-    /// The next transfer moves its bytes but carries an empty notification,
-    /// which no operation waits for: the peer's operation stays unfinished.
+    /// The next transfer moves its bytes but its notification is lost (posted
+    /// with [`notify`](crate::TransferRequest::notify) false): the peer's
+    /// operation stays unfinished.
     pub fn drop_next_notification(&self) {
         self.arm(|armed| armed.drop_notification = true);
     }
@@ -364,6 +366,7 @@ impl<B: RegistrationBackend> Shared<B> {
             local: &held.local,
             remote: &held.remote,
             notification: &held.notification,
+            notify: held.notify,
         };
         // SAFETY: whoever posted to us keeps `post`'s contract: the local
         // segments stay valid and untouched until our `release` returns
@@ -401,12 +404,17 @@ impl<B: RegistrationBackend> RegistrationBackend for Faulty<B> {
         self.shared.inner.deregister(region)
     }
 
-    unsafe fn expose(&self, regions: &[RegionId], access: OperationKind) -> Result<Exposure> {
+    unsafe fn expose(
+        &self,
+        regions: &[RegionId],
+        access: OperationKind,
+        key: &[u8],
+    ) -> Result<Exposure> {
         if self.shared.is_vanished() {
             return Err(vanished());
         }
         // SAFETY: our caller's contract is the inner backend's.
-        let exposure = unsafe { self.shared.inner.expose(regions, access) }?;
+        let exposure = unsafe { self.shared.inner.expose(regions, access, key) }?;
         lock(&self.shared.state).exposures.insert(exposure.id);
         Ok(exposure)
     }
@@ -448,7 +456,7 @@ impl<B: RegistrationBackend> RegistrationBackend for Faulty<B> {
             std::mem::take(&mut state.armed)
         };
         let dropped = armed.drop_notification.then_some(TransferRequest {
-            notification: &[],
+            notify: false,
             ..*request
         });
         let request = dropped.as_ref().unwrap_or(request);
@@ -471,6 +479,7 @@ impl<B: RegistrationBackend> RegistrationBackend for Faulty<B> {
             local: request.local.to_vec(),
             remote: request.remote.to_vec(),
             notification: request.notification.to_vec(),
+            notify: request.notify,
         };
         let id = Shared::<B>::insert(&mut lock(&self.shared.state), Entry::Waiting);
         let shared = Arc::downgrade(&self.shared);

@@ -193,7 +193,12 @@ impl RegistrationBackend for Scripted {
         Ok(())
     }
 
-    unsafe fn expose(&self, _regions: &[RegionId], _access: OperationKind) -> Result<Exposure> {
+    unsafe fn expose(
+        &self,
+        _regions: &[RegionId],
+        _access: OperationKind,
+        _key: &[u8],
+    ) -> Result<Exposure> {
         Ok(Exposure {
             id: ExposureId(self.id()),
             agent_metadata: b"scripted agent".to_vec(),

@@ -96,10 +96,15 @@ impl RegistrationBackend for Hooked {
         self.call(Call::Deregister);
         self.inner.deregister(region)
     }
-    unsafe fn expose(&self, regions: &[RegionId], access: OperationKind) -> Result<Exposure> {
+    unsafe fn expose(
+        &self,
+        regions: &[RegionId],
+        access: OperationKind,
+        key: &[u8],
+    ) -> Result<Exposure> {
         self.call(Call::Expose);
         // SAFETY: our caller's contract is the inner backend's.
-        unsafe { self.inner.expose(regions, access) }
+        unsafe { self.inner.expose(regions, access, key) }
     }
     fn revoke(&self, exposure: ExposureId) -> Result<()> {
         self.call(Call::Revoke);
