@@ -302,13 +302,16 @@ impl Connector {
             d.register_memory(self)?;
         }
         let lease = self.inner.remotes.acquire(remote.agent_metadata())?;
-        let local_segments: Vec<Segment> = local.iter().map(|d| *d.segment()).collect();
-        let remote_segments = remote_segments(remote.descriptors())?;
+        // Local segments, then remote ones: one allocation for both.
+        let mut segments: Vec<Segment> = Vec::with_capacity(2 * local.len());
+        segments.extend(local.iter().map(|d| *d.segment()));
+        push_remote_segments(&mut segments, remote.descriptors())?;
+        let (local_segments, remote_segments) = segments.split_at(local.len());
         let request = TransferRequest {
             op,
             peer: &lease.peer,
-            local: &local_segments,
-            remote: &remote_segments,
+            local: local_segments,
+            remote: remote_segments,
             notification: remote.notification_key().as_bytes(),
             notify: true,
         };
@@ -414,24 +417,22 @@ fn check_pairing(
     Ok(())
 }
 
-fn remote_segments(descriptors: &[SerializedDescriptor]) -> Result<Vec<Segment>> {
-    descriptors
-        .iter()
-        .enumerate()
-        .map(|(i, d)| {
-            let addr = usize::try_from(d.ptr);
-            let len = usize::try_from(d.size);
-            match (addr, len) {
-                (Ok(addr), Ok(len)) => Ok(Segment {
-                    addr,
-                    len,
-                    device: d.device,
-                }),
-                _ => Err(Error::InvalidMetadata {
-                    field: format!("descriptors[{i}]"),
-                    reason: "does not fit this platform's address space".into(),
-                }),
-            }
-        })
-        .collect()
+fn push_remote_segments(
+    segments: &mut Vec<Segment>,
+    descriptors: &[SerializedDescriptor],
+) -> Result<()> {
+    for (i, d) in descriptors.iter().enumerate() {
+        let (Ok(addr), Ok(len)) = (usize::try_from(d.ptr), usize::try_from(d.size)) else {
+            return Err(Error::InvalidMetadata {
+                field: format!("descriptors[{i}]"),
+                reason: "does not fit this platform's address space".into(),
+            });
+        };
+        segments.push(Segment {
+            addr,
+            len,
+            device: d.device,
+        });
+    }
+    Ok(())
 }
