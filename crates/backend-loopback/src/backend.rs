@@ -108,7 +108,7 @@ impl LoopbackBackend {
     }
 
     /// Checks a request against what both sides really registered and exposed.
-    fn plan(&self, request: &TransferRequest<'_>) -> Result<Job> {
+    fn plan<'r>(&self, request: &'r TransferRequest<'r>) -> Result<Job<'r>> {
         let peer_name = request.peer;
         let access = request.op;
         let peer = lock(&self.agent.loaded)
@@ -148,7 +148,6 @@ impl LoopbackBackend {
             ));
         }
         let regions = lock(&self.local);
-        let mut pairs = Vec::with_capacity(request.local.len());
         for (index, (local, remote)) in request.local.iter().zip(request.remote).enumerate() {
             if !local.device.is_host() || !remote.device.is_host() {
                 return Err(Error::Unsupported {
@@ -191,16 +190,13 @@ impl LoopbackBackend {
                     ),
                 ));
             }
-            pairs.push((local.addr, remote.addr, local.len));
         }
         Ok(Job {
-            op: request.op,
-            from: self.agent.name.clone(),
+            request,
+            from: Arc::clone(&self.agent.name),
             peer,
             grant,
             exposure: ExposureId(exposure),
-            pairs,
-            notification: request.notify.then(|| request.notification.to_vec()),
         })
     }
 }
@@ -232,20 +228,18 @@ impl Drop for LoopbackBackend {
 }
 
 /// A validated transfer, ready to copy.
-struct Job {
-    op: OperationKind,
-    from: String,
+struct Job<'r> {
+    /// Every pair checked: the remote range inside `grant`, the local one
+    /// inside a region registered with this agent.
+    request: &'r TransferRequest<'r>,
+    from: Arc<str>,
     peer: Arc<Agent>,
     /// The exposure every remote range lies in.
     grant: Arc<Grant>,
     exposure: ExposureId,
-    /// (local addr, remote addr, len)
-    pairs: Vec<(usize, usize, usize)>,
-    /// Told to the peer once the bytes are in place; `None`: a lost notification.
-    notification: Option<Vec<u8>>,
 }
 
-impl Job {
+impl Job<'_> {
     /// Copies every pair under the grant's read lock, then notifies the peer.
     fn run(self) -> TransferState {
         if self.peer.is_gone() {
@@ -257,10 +251,10 @@ impl Job {
                 self.peer.name
             ));
         };
-        for &(local, remote, len) in &self.pairs {
-            let (src, dst) = match self.op {
-                OperationKind::Read => (remote, local),
-                OperationKind::Write => (local, remote),
+        for (local, remote) in self.request.local.iter().zip(self.request.remote) {
+            let (src, dst) = match self.request.op {
+                OperationKind::Read => (remote.addr, local.addr),
+                OperationKind::Write => (local.addr, remote.addr),
             };
             // SAFETY: the remote range lies inside a region the peer registered
             // (valid, and writable if exposed for WRITE: `expose` refuses read-only
@@ -275,17 +269,18 @@ impl Job {
                 std::ptr::copy(
                     std::ptr::with_exposed_provenance::<u8>(src),
                     std::ptr::with_exposed_provenance_mut::<u8>(dst),
-                    len,
+                    local.len,
                 );
             }
         }
         // Released before the peer is told: its hook may revoke the exposure.
         drop(live);
-        if let Some(payload) = self.notification {
+        if self.request.notify {
+            // The payload is the key, which the grant holds already.
             self.peer.notify(Notification {
                 from: self.from,
-                payload,
-                exposures: vec![self.exposure],
+                payload: Arc::clone(&self.grant.key),
+                exposure: Some(self.exposure),
             });
         }
         TransferState::Done

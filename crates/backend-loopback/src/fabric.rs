@@ -119,17 +119,17 @@ impl Fabric {
 
     pub(crate) fn join(&self, agent: Arc<Agent>) -> bool {
         let mut agents = lock(&self.inner.agents);
-        if agents.contains_key(&agent.name) {
+        if agents.contains_key(&*agent.name) {
             return false;
         }
-        agents.insert(agent.name.clone(), agent);
+        agents.insert(agent.name.to_string(), agent);
         true
     }
 
     pub(crate) fn leave(&self, agent: &Agent) {
         let mut agents = lock(&self.inner.agents);
-        if agents.get(&agent.name).is_some_and(|a| a.id == agent.id) {
-            agents.remove(&agent.name);
+        if agents.get(&*agent.name).is_some_and(|a| a.id == agent.id) {
+            agents.remove(&*agent.name);
         }
     }
 
@@ -141,7 +141,8 @@ impl Fabric {
 /// One agent's state, shared by its backend and by peers that transfer to it.
 pub(crate) struct Agent {
     pub(crate) id: u64,
-    pub(crate) name: String,
+    /// Shared with the notifications it sends.
+    pub(crate) name: Arc<str>,
     pub(crate) vanished: AtomicBool,
     /// Regions registered right now (for leak checks).
     pub(crate) regions: std::sync::atomic::AtomicUsize,
@@ -158,7 +159,7 @@ impl Agent {
     pub(crate) fn new(name: &str) -> Agent {
         Agent {
             id: next_id(),
-            name: name.to_owned(),
+            name: name.into(),
             vanished: AtomicBool::new(false),
             regions: std::sync::atomic::AtomicUsize::new(0),
             grants: RwLock::new(Grants::default()),

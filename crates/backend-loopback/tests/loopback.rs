@@ -449,7 +449,7 @@ fn completed_transfers_read_done_and_unknown_ids_do_not() {
     assert_eq!(dst, src, "the bytes are in place once it reads done");
     let mut notes = Vec::new();
     server
-        .drain_notifications(&mut |n| notes.push(n.payload))
+        .drain_notifications(&mut |n| notes.push(n.payload.to_vec()))
         .unwrap();
     assert_eq!(notes, [b"key".to_vec()]);
     assert!(matches!(client.release(id), Ok(Release::LetGo)));

@@ -164,10 +164,10 @@ impl Live {
         for from in senders {
             for i in 0..map.get_notifications_size(&from)? {
                 arrived.push(Notification {
-                    from: from.clone(),
-                    payload: map.get_notification_bytes(&from, i)?,
+                    from: from.as_str().into(),
+                    payload: map.get_notification_bytes(&from, i)?.into(),
                     // NIXL does not say which memory the transfer reached.
-                    exposures: Vec::new(),
+                    exposure: None,
                 });
             }
         }

@@ -130,18 +130,22 @@ impl TransferState {
 }
 
 /// A notification received from a peer.
+///
+/// Its parts are shared (`Arc`), so that a backend that already holds them,
+/// like the loopback (its agent name, the operation's key), hands them over
+/// without copying.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Notification {
     /// Name of the sending agent.
-    pub from: String,
+    pub from: Arc<str>,
     /// The payload, as sent (not necessarily UTF-8).
-    pub payload: Vec<u8>,
-    /// The exposures the transfer that carried this notification reached, if
-    /// the backend can tell (loopback can; NIXL cannot: empty). When it can, a
-    /// notification completes a passive operation only if its transfer reached
-    /// that operation's exposure and nothing else, so a peer cannot complete
-    /// one operation with another's key.
-    pub exposures: Vec<ExposureId>,
+    pub payload: Arc<[u8]>,
+    /// The exposure the transfer that carried this notification reached, and
+    /// nothing else, if the backend can tell (loopback can; NIXL cannot:
+    /// `None`). When it can, a notification completes a passive operation
+    /// only if its transfer reached that operation's exposure, so a peer
+    /// cannot complete one operation with another's key.
+    pub exposure: Option<ExposureId>,
 }
 
 /// Called by an event-driven backend whenever a transfer completes or a

@@ -282,10 +282,10 @@ impl Connector {
                 return Err(e);
             }
         };
-        let key: Box<[u8]> = metadata.notification_key().as_bytes().into();
+        let key: Arc<[u8]> = metadata.notification_key().as_bytes().into();
         self.inner
             .engine
-            .track_passive(key.clone(), exposure.id, Arc::clone(&shared));
+            .track_passive(Arc::clone(&key), exposure.id, Arc::clone(&shared));
         let core = OperationCore::new(shared, descriptors, self.clone(), Some(key));
         tracing::debug!(connector = %self.inner.name, kind = ?access, descriptors = count, bytes, "exposed memory");
         Ok((core, metadata))

@@ -40,7 +40,7 @@ struct Work {
     active: Vec<Arc<OpShared>>,
     /// Passive operations by notification key, with the exposure each made
     /// (randomly seeded foldhash: a peer's key is hashed on every lookup).
-    passive: HashMap<Box<[u8]>, (ExposureId, Arc<OpShared>), foldhash::fast::RandomState>,
+    passive: HashMap<Arc<[u8]>, (ExposureId, Arc<OpShared>), foldhash::fast::RandomState>,
     events: bool,
     shutdown: bool,
     thread: Option<thread::JoinHandle<()>>,
@@ -102,7 +102,7 @@ impl Engine {
     /// arrives (from a transfer that reached `exposure`, if the backend says).
     pub(crate) fn track_passive(
         self: &Arc<Self>,
-        key: Box<[u8]>,
+        key: Arc<[u8]>,
         exposure: ExposureId,
         op: Arc<OpShared>,
     ) {
@@ -267,7 +267,7 @@ impl Engine {
     /// Completes the passive operation `notification` names, if one waits for
     /// it; true if one did.
     fn deliver(&self, notification: &Notification) -> bool {
-        let key = notification.payload.as_slice();
+        let key = &*notification.payload;
         let op = {
             let mut work = self.lock();
             let Some((exposure, op)) = work.passive.remove(key) else {
@@ -281,8 +281,12 @@ impl Engine {
             };
             // A backend that knows what the transfer reached: it must have
             // reached this operation's exposure, and only that.
-            if !notification.exposures.is_empty() && notification.exposures != [exposure] {
-                work.passive.insert(key.into(), (exposure, op));
+            if notification
+                .exposure
+                .is_some_and(|reached| reached != exposure)
+            {
+                work.passive
+                    .insert(Arc::clone(&notification.payload), (exposure, op));
                 drop(work);
                 tracing::warn!(
                     from = %notification.from,

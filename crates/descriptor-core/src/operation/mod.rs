@@ -46,7 +46,7 @@ pub(crate) struct OperationCore {
     /// the shared state (which frees them once the backend let go) on drop.
     descriptors: Held,
     connector: Connector,
-    passive_key: Option<Box<[u8]>>,
+    passive_key: Option<Arc<[u8]>>,
 }
 
 impl OperationCore {
@@ -54,7 +54,7 @@ impl OperationCore {
         shared: Arc<OpShared>,
         descriptors: Held,
         connector: Connector,
-        passive_key: Option<Box<[u8]>>,
+        passive_key: Option<Arc<[u8]>>,
     ) -> OperationCore {
         OperationCore {
             shared,

@@ -250,8 +250,8 @@ fn a_passive_operation_completed_by_its_peer_hands_its_memory_back() {
     let readable = c.create_readable(vec![d]).unwrap();
     backend.inbox.lock().unwrap().push(Notification {
         from: "peer".into(),
-        payload: readable.metadata().notification_key().as_bytes().to_vec(),
-        exposures: Vec::new(),
+        payload: readable.metadata().notification_key().as_bytes().into(),
+        exposure: None,
     });
     readable.wait_timeout(BOUND).unwrap();
     let back = readable.into_descriptors().unwrap();
@@ -276,8 +276,8 @@ fn a_panic_in_revoke_leaks_the_memory_and_the_engine_serves_on() {
         .unwrap();
     backend.inbox.lock().unwrap().push(Notification {
         from: "peer".into(),
-        payload: next.metadata().notification_key().as_bytes().to_vec(),
-        exposures: Vec::new(),
+        payload: next.metadata().notification_key().as_bytes().into(),
+        exposure: None,
     });
     eventually("the engine completed it", || {
         next.status() == OperationStatus::Complete
