@@ -24,8 +24,9 @@ const MAX_AGENT_NAME: usize = 255;
 /// only by a transfer that carries that operation's notification key (a random
 /// UUID that only its metadata tells), and only until the operation ends. The
 /// agent metadata names the agent alone, so a peer loads it once and the
-/// connector's remote cache recognises it on every later operation. As with NIXL, the connector learns of completion by polling
-/// and of a peer's notification through the event hook.
+/// connector's remote cache recognises it on every later operation. As with
+/// NIXL, the connector learns of completion by polling and of a peer's
+/// notification through the event hook.
 pub struct LoopbackBackend {
     fabric: Fabric,
     agent: Arc<Agent>,
