@@ -162,9 +162,10 @@ impl Live {
             .collect();
         let mut arrived = Vec::new();
         for from in senders {
+            let name: Arc<str> = from.as_str().into();
             for i in 0..map.get_notifications_size(&from)? {
                 arrived.push(Notification {
-                    from: from.as_str().into(),
+                    from: Arc::clone(&name),
                     payload: map.get_notification_bytes(&from, i)?.into(),
                     // NIXL does not say which memory the transfer reached.
                     exposure: None,

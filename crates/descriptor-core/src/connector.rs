@@ -241,7 +241,8 @@ impl Connector {
             d.register_memory(self)?;
             regions.extend(d.region());
         }
-        // The key the peer's notification carries, and the exposure is bound to.
+        // The key the peer's transfer will carry (and notify with); a backend
+        // may let that transfer reach this exposure only.
         let key = uuid::Uuid::new_v4().to_string();
         // From here on a peer may touch the memory: should anything panic
         // before the operation owns it, the `Held` leaks it.
