@@ -2,6 +2,10 @@
 //! memory, exposures are scoped, and faults leave nothing registered behind.
 #![allow(clippy::unwrap_used, clippy::panic)]
 
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use backend_loopback::{Fabric, LoopbackBackend};
@@ -461,4 +465,127 @@ fn completed_transfers_read_done_and_unknown_ids_do_not() {
             other => panic!("transfer {} was never posted, yet reads {other:?}", never.0),
         }
     }
+}
+
+/// Exposures are bound to their operation's notification key, below the
+/// connector: one agent's metadata is the same for every exposure, a key
+/// reaches only its own exposure (and only while it is live), a silent
+/// transfer moves the bytes without telling the peer, and an exposure
+/// needs a key of its own.
+#[test]
+fn exposures_are_reached_through_their_notification_key() {
+    use descriptor_core::{RegistrationBackend, Segment, TransferRequest, TransferState};
+    // Declared first, so dropped last: the backends go before the buffers.
+    let first = pattern(36, 4096);
+    let second = pattern(37, 4096);
+    let mut dst = vec![0u8; 4096];
+    let fabric = Fabric::new();
+    let server = LoopbackBackend::new(&fabric, "server").unwrap();
+    let client = LoopbackBackend::new(&fabric, "client").unwrap();
+    let segment = |addr: usize| Segment {
+        addr,
+        len: 4096,
+        device: Device::HOST,
+    };
+    let (one, two) = (
+        segment(first.as_ptr().expose_provenance()),
+        segment(second.as_ptr().expose_provenance()),
+    );
+    let local = segment(dst.as_mut_ptr().expose_provenance());
+    let read = |remote: Segment, key: &[u8], notify: bool| {
+        let request = TransferRequest {
+            op: OperationKind::Read,
+            peer: "server",
+            local: &[local],
+            remote: &[remote],
+            notification: key,
+            notify,
+        };
+        // SAFETY: every buffer outlives the backends (declared before them);
+        // `dst` is registered writable and only written by the copy, which
+        // ends inside `post`.
+        unsafe { client.post(&request) }
+    };
+    let mut notes = Vec::new();
+    let mut drain = || {
+        notes.clear();
+        server
+            .drain_notifications(&mut |n| notes.push((n.payload.to_vec(), n.exposure)))
+            .unwrap();
+        std::mem::take(&mut notes)
+    };
+    // SAFETY: as above; the sources are registered read-only, only read.
+    let (a, b) = unsafe {
+        let (r1, r2) = (
+            server.register(&one, false).unwrap(),
+            server.register(&two, false).unwrap(),
+        );
+        client.register(&local, true).unwrap();
+        let a = server.expose(&[r1], OperationKind::Read, b"key-a").unwrap();
+        let b = server.expose(&[r2], OperationKind::Read, b"key-b").unwrap();
+        let taken = server.expose(&[r2], OperationKind::Read, b"key-a");
+        assert!(
+            taken.is_err_and(|e| e.to_string().contains("already has that notification key")),
+            "a second exposure under a live key"
+        );
+        let keyless = server.expose(&[r2], OperationKind::Read, b"");
+        assert!(keyless.is_err(), "an exposure without a key");
+        (a, b)
+    };
+    assert_eq!(
+        a.agent_metadata, b.agent_metadata,
+        "the metadata names the agent, not the exposure"
+    );
+    client.load_remote(&a.agent_metadata).unwrap();
+    // B's key does not reach A's memory, and nothing moves.
+    match read(one, b"key-b", true) {
+        Err(Error::AccessDenied { reason, .. }) => {
+            assert!(reason.contains("notification key names"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(dst.iter().all(|&x| x == 0) && drain().is_empty());
+    // A's key does, and the peer learns which exposure the transfer reached.
+    let id = read(one, b"key-a", true).unwrap();
+    assert!(matches!(client.poll(id), TransferState::Done));
+    assert_eq!(dst, first);
+    assert_eq!(drain(), [(b"key-a".to_vec(), Some(a.id))]);
+    // A silent transfer moves the bytes and tells nobody.
+    let id = read(two, b"key-b", false).unwrap();
+    assert!(matches!(client.poll(id), TransferState::Done));
+    assert_eq!(dst, second);
+    assert!(drain().is_empty());
+    // Revoked, a key reaches nothing.
+    server.revoke(b.id).unwrap();
+    assert!(matches!(
+        read(two, b"key-b", true),
+        Err(Error::AccessDenied { .. })
+    ));
+}
+
+/// The peer's metadata is loaded once: every later operation to it finds it
+/// in the connector's remote cache, since it no longer changes per exposure.
+#[test]
+fn one_load_serves_every_operation_to_a_peer() {
+    let fabric = Fabric::new();
+    let (server, _) = connector(&fabric, "server");
+    let loads = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&loads);
+    let (client, _) = common::hooked(&fabric, "client", true, move |_, call| {
+        if call == common::Call::LoadRemote {
+            counted.fetch_add(1, Ordering::Relaxed);
+        }
+        None
+    });
+    for seed in 40..45 {
+        let readable = server.create_readable(filled(seed, 4096)).unwrap();
+        let read = client
+            .begin_read(readable.metadata(), zeroed(4096))
+            .unwrap();
+        read.wait_timeout(LONG).unwrap();
+        readable.wait_timeout(LONG).unwrap();
+        let back = read.into_descriptors().unwrap();
+        assert_eq!(back[0].as_slice().unwrap(), pattern(seed, 4096).as_slice());
+    }
+    assert_eq!(loads.load(Ordering::Relaxed), 1, "load_remote calls");
 }
