@@ -407,27 +407,40 @@ fn faults_leave_no_registration_exposure_or_peer_behind() {
     );
 }
 
+/// Two agents, "server" and "client", on a fabric of their own, for tests
+/// below the connector. Declare the buffers they touch before calling this,
+/// so that the backends are dropped first.
+fn agents() -> (LoopbackBackend, LoopbackBackend) {
+    let fabric = Fabric::new();
+    (
+        LoopbackBackend::new(&fabric, "server").unwrap(),
+        LoopbackBackend::new(&fabric, "client").unwrap(),
+    )
+}
+
+/// The 4 KiB of host memory at `at`, as a segment (its provenance exposed).
+fn page(at: *const u8) -> descriptor_core::Segment {
+    descriptor_core::Segment {
+        addr: at.expose_provenance(),
+        len: 4096,
+        device: Device::HOST,
+    }
+}
+
 /// The backend's own transfer bookkeeping, below the connector: a transfer
 /// that completed in `post` reads `Done` (its bytes in place) and is let go,
 /// and an id this backend never handed out reads as unknown, not as done.
 #[test]
 fn completed_transfers_read_done_and_unknown_ids_do_not() {
     use descriptor_core::{
-        RegistrationBackend, Release, Segment, TransferId, TransferRequest, TransferState,
+        RegistrationBackend, Release, TransferId, TransferRequest, TransferState,
     };
     // Declared first, so dropped last: the backends go before the buffers.
     let src = pattern(35, 4096);
     let mut dst = vec![0u8; 4096];
-    let fabric = Fabric::new();
-    let server = LoopbackBackend::new(&fabric, "server").unwrap();
-    let client = LoopbackBackend::new(&fabric, "client").unwrap();
-    let segment = |addr: usize| Segment {
-        addr,
-        len: 4096,
-        device: Device::HOST,
-    };
-    let remote = segment(src.as_ptr().expose_provenance());
-    let local = segment(dst.as_mut_ptr().expose_provenance());
+    let (server, client) = agents();
+    let remote = page(src.as_ptr());
+    let local = page(dst.as_mut_ptr());
     // SAFETY: both buffers outlive the backends (declared before them), and
     // the transfer ends inside `post` (the loopback copies there); `src` is
     // registered read-only and only read, `dst` only written by the copy.
@@ -479,19 +492,9 @@ fn exposures_are_reached_through_their_notification_key() {
     let first = pattern(36, 4096);
     let second = pattern(37, 4096);
     let mut dst = vec![0u8; 4096];
-    let fabric = Fabric::new();
-    let server = LoopbackBackend::new(&fabric, "server").unwrap();
-    let client = LoopbackBackend::new(&fabric, "client").unwrap();
-    let segment = |addr: usize| Segment {
-        addr,
-        len: 4096,
-        device: Device::HOST,
-    };
-    let (one, two) = (
-        segment(first.as_ptr().expose_provenance()),
-        segment(second.as_ptr().expose_provenance()),
-    );
-    let local = segment(dst.as_mut_ptr().expose_provenance());
+    let (server, client) = agents();
+    let (one, two) = (page(first.as_ptr()), page(second.as_ptr()));
+    let local = page(dst.as_mut_ptr());
     let read = |remote: Segment, key: &[u8], notify: bool| {
         let request = TransferRequest {
             op: OperationKind::Read,
