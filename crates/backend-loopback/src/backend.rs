@@ -119,7 +119,7 @@ impl LoopbackBackend {
             .filter(|p| !p.is_gone())
             .ok_or_else(|| Self::denied(peer_name, "the peer has vanished".into()))?;
         // The exposure the transfer's key names: the only memory it may reach.
-        let (exposure, grant) = peer.grant_for(request.notification).ok_or_else(|| {
+        let grant = peer.grant_for(request.notification).ok_or_else(|| {
             Self::denied(
                 peer_name,
                 "no live operation of the peer has the transfer's notification key (it ended, or the metadata is stale or forged)".into(),
@@ -197,7 +197,6 @@ impl LoopbackBackend {
             from: Arc::clone(&self.agent.name),
             peer,
             grant,
-            exposure: ExposureId(exposure),
         })
     }
 }
@@ -237,7 +236,6 @@ struct Job<'r> {
     peer: Arc<Agent>,
     /// The exposure every remote range lies in.
     grant: Arc<Grant>,
-    exposure: ExposureId,
 }
 
 impl Job<'_> {
@@ -281,7 +279,7 @@ impl Job<'_> {
             self.peer.notify(Notification {
                 from: self.from,
                 payload: Arc::clone(&self.grant.key),
-                exposure: Some(self.exposure),
+                exposure: Some(ExposureId(self.grant.id)),
             });
         }
         TransferState::Done
@@ -382,7 +380,7 @@ impl RegistrationBackend for LoopbackBackend {
             .grants
             .write()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(id, Grant::new(access, key, exposed));
+            .insert(Grant::new(id, access, key, exposed));
         if !added {
             return Err(Error::backend(
                 NAME,

@@ -174,12 +174,9 @@ impl Agent {
     }
 
     /// The live exposure made for the operation with notification key `key`.
-    pub(crate) fn grant_for(&self, key: &[u8]) -> Option<(u64, Arc<Grant>)> {
+    pub(crate) fn grant_for(&self, key: &[u8]) -> Option<Arc<Grant>> {
         let grants = self.grants.read().unwrap_or_else(PoisonError::into_inner);
-        grants
-            .by_key
-            .get(key)
-            .map(|(id, grant)| (*id, Arc::clone(grant)))
+        grants.by_key.get(key).cloned()
     }
 
     /// Delivers a notification and wakes the agent's connector.
@@ -204,18 +201,18 @@ impl Agent {
 pub(crate) struct Grants {
     pub(crate) by_id: IdMap<u64, Arc<Grant>>,
     /// The key is the grant's own (`Grant::key`), shared.
-    by_key: KeyMap<(u64, Arc<Grant>)>,
+    by_key: KeyMap<Arc<Grant>>,
 }
 
 impl Grants {
-    /// Adds exposure `id`; false (and nothing added) if `grant`'s key is taken.
-    pub(crate) fn insert(&mut self, id: u64, grant: Grant) -> bool {
+    /// Adds `grant`; false (and nothing added) if its key is taken.
+    pub(crate) fn insert(&mut self, grant: Grant) -> bool {
         match self.by_key.entry(Arc::clone(&grant.key)) {
             Entry::Occupied(_) => false,
             Entry::Vacant(slot) => {
                 let grant = Arc::new(grant);
-                slot.insert((id, Arc::clone(&grant)));
-                self.by_id.insert(id, grant);
+                self.by_id.insert(grant.id, Arc::clone(&grant));
+                slot.insert(grant);
                 true
             }
         }
@@ -244,6 +241,8 @@ impl Grants {
 
 /// One exposure: regions a peer may access one way, until revoked.
 pub(crate) struct Grant {
+    /// The exposure id the owner revokes it by.
+    pub(crate) id: u64,
     pub(crate) access: OperationKind,
     /// The notification key of the operation it was made for.
     pub(crate) key: Arc<[u8]>,
@@ -255,12 +254,14 @@ pub(crate) struct Grant {
 
 impl Grant {
     pub(crate) fn new(
+        id: u64,
         access: OperationKind,
         key: &[u8],
         mut regions: Vec<(RegionId, Segment)>,
     ) -> Grant {
         regions.sort_by_key(|(_, r)| r.addr);
         Grant {
+            id,
             access,
             key: key.into(),
             regions,
