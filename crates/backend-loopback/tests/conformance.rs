@@ -87,6 +87,11 @@ fn operations_are_futures() {
     conformance::operations_are_futures(&Loopback::new());
 }
 
+#[test]
+fn passive_side_learns_of_completion_however_it_waits() {
+    conformance::passive_side_learns_of_completion_however_it_waits(&Loopback::new());
+}
+
 /// 16 x 1,000 by default; 16 x 10,000 with `RELIABILITY_LONG` set
 /// (`cargo xtask test --long`).
 #[test]

@@ -187,6 +187,31 @@ fn ended_operation_no_longer_exposes_its_memory() {
     );
 }
 
+/// The initiator leaves its peer's notification for the passive side when
+/// nobody there waits. Nobody ever looks here, and the passive connector
+/// still completes the operation on its own (its engine's next pass) and
+/// revokes the exposure; the bytes are in place.
+#[test]
+fn a_passive_operation_nobody_looks_at_completes_on_its_own() {
+    let (fabric, server, client, _) = pair();
+    let writable = server.create_writable(zeroed(4096)).unwrap();
+    let write = client
+        .begin_write(filled(8, 4096), writable.metadata())
+        .unwrap();
+    write.wait_timeout(LONG).unwrap();
+    let deadline = std::time::Instant::now() + LONG;
+    while fabric.usage("server").unwrap().1 != 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the exposure outlived its peer's notification"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(writable.status(), OperationStatus::Complete);
+    let written = writable.into_descriptors().unwrap();
+    assert_eq!(written[0].as_slice().unwrap(), pattern(8, 4096).as_slice());
+}
+
 #[test]
 fn metadata_from_another_fabric_is_refused() {
     let (_f, server, _, _) = pair();

@@ -151,9 +151,11 @@ pub struct Notification {
 /// Called by an event-driven backend whenever a transfer completes or a
 /// notification arrives.
 ///
-/// The hook may call back into the backend (the connector's polls transfers,
-/// drains notifications and revokes exposures right away, and wakes waiters),
-/// so a backend calls it **with none of its own locks held**. It may be called
+/// The hook may call back into the backend (the connector's polls transfers
+/// right away; it drains notifications, revokes exposures and wakes waiters
+/// right away when a thread or future waits for a passive operation, and
+/// otherwise leaves that to whoever looks at one next), so a backend calls it
+/// **with none of its own locks held**. It may be called
 /// from any thread, including from inside another agent's call (loopback runs
 /// a peer's transfer in the peer's thread and notifies this agent from there);
 /// the connector's hook contains panics and never blocks on a peer.

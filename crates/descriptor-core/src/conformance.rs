@@ -790,6 +790,65 @@ pub fn operations_are_futures(h: &dyn Harness) {
     });
 }
 
+/// A passive operation learns that its peer finished however its owner
+/// waits: a thread blocked in `wait`, a future on another thread (both asleep
+/// before the peer acts, unless the machine is slow), or a loop on
+/// `status()`. Every byte is checked, and each hands its memory back.
+pub fn passive_side_learns_of_completion_however_it_waits(h: &dyn Harness) {
+    let server = connector(h, "watched-server");
+    let client = connector(h, "watched-client");
+    std::thread::scope(|scope| {
+        let readable = server.create_readable(descriptors(110, &[4096])).unwrap();
+        let writable = server.create_writable(zeroed(&[4096])).unwrap();
+        let (to_read, to_write) = (readable.metadata().clone(), writable.metadata().clone());
+        let blocked = scope.spawn(move || {
+            readable.wait_timeout(WAIT).unwrap();
+            readable
+        });
+        let awaited = scope.spawn(move || {
+            futures::executor::block_on(writable.completion()).unwrap();
+            writable
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        let read = client.begin_read(&to_read, zeroed(&[4096])).unwrap();
+        let write = client
+            .begin_write(descriptors(111, &[4096]), &to_write)
+            .unwrap();
+        read.wait_timeout(WAIT).unwrap();
+        write.wait_timeout(WAIT).unwrap();
+        assert_pattern(
+            &read.into_descriptors().unwrap(),
+            110,
+            "read of a blocked readable",
+        );
+        let written = awaited.join().unwrap().into_descriptors().unwrap();
+        assert_pattern(&written, 111, "write to an awaited writable");
+        let source = blocked.join().unwrap().into_descriptors().unwrap();
+        assert_pattern(&source, 110, "the blocked readable's own bytes");
+    });
+
+    let readable = server.create_readable(descriptors(112, &[4096])).unwrap();
+    let read = client
+        .begin_read(readable.metadata(), zeroed(&[4096]))
+        .unwrap();
+    read.wait_timeout(WAIT).unwrap();
+    let deadline = std::time::Instant::now() + WAIT;
+    while readable.status() != OperationStatus::Complete {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "status() never saw the peer's notification"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_pattern(
+        &read.into_descriptors().unwrap(),
+        112,
+        "read of a polled readable",
+    );
+    let source = readable.into_descriptors().unwrap();
+    assert_pattern(&source, 112, "the polled readable's own bytes");
+}
+
 /// `threads` threads each run `per_thread` operations of mixed sizes and both
 /// directions against one peer, verifying every byte; the peer cache ends empty.
 pub fn load(h: &dyn Harness, threads: usize, per_thread: usize) {

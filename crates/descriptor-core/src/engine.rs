@@ -8,6 +8,14 @@
 //! or new work arrives, so an idle connector burns no CPU; while work is in
 //! flight it also looks on its own now and then, in case an event was lost. A
 //! backend that cannot signal is polled at a fixed, modest interval.
+//!
+//! A peer's notification is delivered (its passive operation completed, the
+//! exposure revoked) by the thread that raised the event only if a thread or
+//! future is waiting for a passive operation of this connector. Otherwise it
+//! is delivered by whoever next looks at one (status, wait, cancel, drop), or
+//! by the engine thread's next pass: see [`Handoff`]. So a loopback initiator,
+//! whose transfer raises the event in its own thread, does not do the passive
+//! side's bookkeeping while nobody there waits for it.
 
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -17,6 +25,7 @@ use std::time::Duration;
 
 use crate::backend::{ExposureId, Notification, RegistrationBackend};
 use crate::operation::state::{OpShared, Outcome};
+use crate::sync::{AtomicBool, AtomicUsize, Ordering, fence};
 
 /// How long dropping the last connector waits for its engine thread.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
@@ -33,6 +42,62 @@ pub(crate) struct Engine {
     work: Mutex<Work>,
     wake: Condvar,
     name: String,
+    handoff: Handoff,
+}
+
+/// Decides who delivers a peer's notification: the thread that raised the
+/// event when somebody waits for a passive operation of this connector,
+/// otherwise whoever looks next ([`Engine::catch_up`]).
+///
+/// The event's thread sets `notified`, then reads `watchers`; a waiter
+/// increments `watchers`, then reads `notified`, a `SeqCst` fence between
+/// the write and the read on both sides. So one of the two sees the other's
+/// write: a waiter never sleeps through a notification that nobody delivers
+/// (model-checked in `operation/loom.rs`, which also fails without the
+/// fences).
+#[derive(Default)]
+pub(crate) struct Handoff {
+    /// A notification may be waiting in the backend.
+    notified: AtomicBool,
+    /// Blocked `wait`s and pending futures of passive operations.
+    watchers: AtomicUsize,
+}
+
+impl Handoff {
+    /// Records that a notification may be waiting (the backend queued it
+    /// before); true if somebody waits, so the caller must deliver it now.
+    pub(crate) fn raise(&self) -> bool {
+        self.notified.store(true, Ordering::Release);
+        fence(Ordering::SeqCst);
+        self.watchers.load(Ordering::Relaxed) > 0
+    }
+
+    /// Takes the flag: true if a notification may be waiting, which the caller
+    /// must then deliver.
+    pub(crate) fn claim(&self) -> bool {
+        self.notified.load(Ordering::Relaxed) && self.notified.swap(false, Ordering::AcqRel)
+    }
+
+    /// Counts a waiter, which must [`claim`](Self::claim) after this, before
+    /// it sleeps.
+    pub(crate) fn watch(&self) {
+        self.watchers.fetch_add(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+    }
+
+    pub(crate) fn unwatch(&self) {
+        self.watchers.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A waiter for a passive operation, counted in its engine's [`Handoff`] while
+/// it lives.
+pub(crate) struct Watch(Arc<Engine>);
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.0.handoff.unwatch();
+    }
 }
 
 #[derive(Default)]
@@ -61,6 +126,7 @@ impl Engine {
                 event_driven,
                 work: Mutex::new(Work::default()),
                 wake: Condvar::new(),
+                handoff: Handoff::default(),
             }
         })
     }
@@ -70,16 +136,40 @@ impl Engine {
     }
 
     /// Called by an event-driven backend's hook, in the thread that caused the
-    /// event (possibly a peer's, inside its own call into its backend): the
-    /// affected operations are finished right here, which saves the two context
-    /// switches of handing the event to the engine thread. The backend calls the
+    /// event (possibly a peer's, inside its own call into its backend). Active
+    /// operations are finished right here, which saves the two context switches
+    /// of handing the event to the engine thread; a notification is delivered
+    /// here only if somebody waits for it ([`Handoff`]). The backend calls the
     /// hook with none of its locks held, and no lock of ours is held while this
     /// calls the backend or a waker. A panic (a backend bug) is logged and
     /// contained: it must not unwind into the peer's call.
     fn signal(&self) {
         let active = self.lock().active.clone();
-        if catch_unwind(AssertUnwindSafe(|| self.pass(&active))).is_err() {
+        let handled = catch_unwind(AssertUnwindSafe(|| {
+            if !active.is_empty() {
+                self.poll_active(&active);
+            }
+            if self.handoff.raise() {
+                self.catch_up();
+            }
+        }));
+        if handled.is_err() {
             tracing::error!(agent = %self.name, "a backend call panicked while handling an event; the operations it touched leak their memory");
+        }
+    }
+
+    /// Counts a waiter for a passive operation until the guard drops. The
+    /// waiter must [`catch_up`](Self::catch_up) after this, before it sleeps.
+    pub(crate) fn watch(self: &Arc<Self>) -> Watch {
+        self.handoff.watch();
+        Watch(Arc::clone(self))
+    }
+
+    /// Delivers the notifications that arrived since anyone last looked, if
+    /// any did: called before a passive operation is looked at.
+    pub(crate) fn catch_up(&self) {
+        if self.handoff.claim() {
+            self.drain_notifications();
         }
     }
 
@@ -219,15 +309,16 @@ impl Engine {
         }
     }
 
-    /// One round of polling; true if anything finished.
-    fn pass(&self, active: &[Arc<OpShared>]) -> bool {
-        let finished = self.poll_active(active);
-        let notified = self.drain_notifications();
-        finished || notified
+    /// One round of polling: active transfers, then every notification,
+    /// whether raised or not (a backend without events raises none).
+    fn pass(&self, active: &[Arc<OpShared>]) {
+        self.poll_active(active);
+        self.handoff.claim();
+        self.drain_notifications();
     }
 
-    /// Polls the active transfers; true if any finished.
-    fn poll_active(&self, active: &[Arc<OpShared>]) -> bool {
+    /// Polls the active transfers.
+    fn poll_active(&self, active: &[Arc<OpShared>]) {
         let mut finished = Vec::new();
         for op in active {
             // A panicking poll leaves the transfer tracked: polled again later.
@@ -240,13 +331,12 @@ impl Engine {
                 .active
                 .retain(|op| !finished.contains(&Arc::as_ptr(op)));
         }
-        !finished.is_empty()
     }
 
-    /// Completes the passive operations whose notifications arrived; true if any.
+    /// Completes the passive operations whose notifications arrived.
     /// Notifications are collected first and handled after the backend call
     /// returned, so finishing an operation never runs inside the backend.
-    pub(crate) fn drain_notifications(&self) -> bool {
+    fn drain_notifications(&self) {
         // Usually one arrives: it is kept inline, any more in a vector.
         let mut first: Option<Notification> = None;
         let mut more: Vec<Notification> = Vec::new();
@@ -257,16 +347,13 @@ impl Engine {
         if let Err(error) = self.backend.drain_notifications(&mut sink) {
             tracing::warn!(%error, "draining notifications failed");
         }
-        let mut notified = false;
         for notification in first.into_iter().chain(more) {
-            notified |= self.deliver(&notification);
+            self.deliver(&notification);
         }
-        notified
     }
 
-    /// Completes the passive operation `notification` names, if one waits for
-    /// it; true if one did.
-    fn deliver(&self, notification: &Notification) -> bool {
+    /// Completes the passive operation `notification` names, if one waits for it.
+    fn deliver(&self, notification: &Notification) {
         let key = &*notification.payload;
         let op = {
             let mut work = self.lock();
@@ -277,7 +364,7 @@ impl Engine {
                     bytes = key.len(),
                     "dropping a notification no operation waits for"
                 );
-                return false;
+                return;
             };
             // A backend that knows what the transfer reached: it must have
             // reached this operation's exposure, and only that.
@@ -292,14 +379,13 @@ impl Engine {
                     from = %notification.from,
                     "ignoring a notification whose transfer reached other memory than the operation it names"
                 );
-                return false;
+                return;
             }
             op
         };
         contain(&self.name, || {
             op.finish(Outcome::Complete);
         });
-        true
     }
 }
 

@@ -11,7 +11,8 @@
 //!   turned terminal is the final one);
 //! - every waiter is woken: a blocked `wait` returns (loom reports a deadlock
 //!   otherwise), and a future whose last poll was pending has had its latest
-//!   waker woken.
+//!   waker woken, also when a peer's notification is left for whoever looks
+//!   next (the engine's `Handoff`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -27,6 +28,7 @@ use super::held::Held;
 const PREEMPTION_BOUND: Option<usize> = Some(6);
 use super::state::{OpShared, OperationStatus, Outcome, Pending, Role};
 use crate::backend::{ExposureId, RegistrationBackend, TransferId, TransferState};
+use crate::engine::Handoff;
 use crate::error::Error;
 use crate::metadata::OperationKind;
 use crate::remote::{DEFAULT_MAX_IDLE_PEERS, RemoteCache};
@@ -343,5 +345,102 @@ fn loom_passive_notification_races_cancel_and_drop() {
         };
         assert_eq!(freed.load(StdOrdering::SeqCst), expected);
         assert!(!backend.freed_early());
+    });
+}
+
+/// What `Engine::signal` and `Engine::catch_up` do with a [`Handoff`], over a
+/// stand-in for the backend's inbox: the number of notifications waiting.
+struct Deferred {
+    handoff: Handoff,
+    inbox: loom::sync::Mutex<usize>,
+    op: Arc<OpShared>,
+}
+
+impl Deferred {
+    fn new(op: Arc<OpShared>) -> Arc<Deferred> {
+        Arc::new(Deferred {
+            handoff: Handoff::default(),
+            inbox: loom::sync::Mutex::new(0),
+            op,
+        })
+    }
+
+    /// `Engine::catch_up`: claims, then drains and delivers.
+    fn catch_up(&self) {
+        if self.handoff.claim() {
+            let waiting = std::mem::take(&mut *self.inbox.lock().unwrap());
+            if waiting > 0 {
+                self.op.finish(Outcome::Complete);
+            }
+        }
+    }
+
+    /// A peer's transfer: the backend queues the notification, then calls
+    /// the hook (`Engine::signal`), which delivers only if somebody watches.
+    fn notify(&self) {
+        *self.inbox.lock().unwrap() += 1;
+        if self.handoff.raise() {
+            self.catch_up();
+        }
+    }
+}
+
+/// A peer's notification races a blocked waiter of the passive operation and
+/// a third thread that looks at it (`status`): the event's thread delivers
+/// only if it sees a watcher, the waiter catches up only if it sees the
+/// event, and the looker may claim it from either. A waiter sleeping through
+/// a notification nobody delivers would be a deadlock, which loom reports.
+#[test]
+fn loom_a_deferred_notification_reaches_its_waiter() {
+    model(|| {
+        let backend = Arc::new(Scripted::new(true, false));
+        let deferred = Deferred::new(passive(&backend));
+        let peer = {
+            let deferred = Arc::clone(&deferred);
+            thread::spawn(move || deferred.notify())
+        };
+        let looker = {
+            let deferred = Arc::clone(&deferred);
+            thread::spawn(move || deferred.catch_up())
+        };
+        deferred.handoff.watch();
+        deferred.catch_up();
+        let waited = deferred.op.wait(None);
+        deferred.handoff.unwatch();
+        peer.join().unwrap();
+        looker.join().unwrap();
+        assert!(waited.is_ok());
+        assert_eq!(deferred.op.status(), OperationStatus::Complete);
+    });
+}
+
+/// The same race with a future as the waiter: if its last poll was pending,
+/// its waker has been woken by the time the peer's call returned.
+#[test]
+fn loom_a_deferred_notification_wakes_a_pending_future() {
+    model(|| {
+        let backend = Arc::new(Scripted::new(true, false));
+        let deferred = Deferred::new(passive(&backend));
+        let peer = {
+            let deferred = Arc::clone(&deferred);
+            thread::spawn(move || deferred.notify())
+        };
+        let woken = Arc::new(Counting(StdAtomicUsize::new(0)));
+        deferred.handoff.watch();
+        deferred.catch_up();
+        let waker = Waker::from(Arc::clone(&woken));
+        let polled = deferred
+            .op
+            .poll_settled(&mut None, &mut Context::from_waker(&waker));
+        peer.join().unwrap();
+        if polled.is_pending() {
+            assert_eq!(
+                woken.0.load(StdOrdering::SeqCst),
+                1,
+                "the future slept through its notification"
+            );
+        }
+        deferred.handoff.unwatch();
+        assert_eq!(deferred.op.status(), OperationStatus::Complete);
     });
 }

@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use crate::connector::Connector;
 use crate::descriptor::Descriptor;
+use crate::engine::Watch;
 use crate::error::{Error, Result};
 use crate::metadata::RdmaMetadata;
 use state::{OpShared, Outcome};
@@ -64,11 +65,56 @@ impl OperationCore {
         }
     }
 
+    /// A passive operation's notification may be waiting in the engine
+    /// (see `Handoff`): delivers it before the operation is looked at.
+    fn catch_up(&self) {
+        if self.passive_key.is_some() {
+            self.connector.engine().catch_up();
+        }
+    }
+
+    /// Counts a waiter for a passive operation, so that its notification is
+    /// delivered as it arrives; then catches up with what arrived before.
+    fn watch(&self) -> Option<Watch> {
+        let watch = self
+            .passive_key
+            .is_some()
+            .then(|| self.connector.engine().watch());
+        self.catch_up();
+        watch
+    }
+
+    fn status(&self) -> OperationStatus {
+        self.catch_up();
+        self.shared.status()
+    }
+
     fn wait(&self, timeout: Option<Duration>) -> Result<()> {
+        let _watch = self.watch();
         self.shared.wait(timeout)
     }
 
+    /// Polls for the end, counted as a waiter while pending.
+    fn poll(
+        &self,
+        slot: &mut Option<u64>,
+        watch: &mut Option<Watch>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<()>> {
+        if watch.is_none() {
+            *watch = self.watch();
+        } else {
+            self.catch_up();
+        }
+        let polled = self.shared.poll_settled(slot, cx);
+        if polled.is_ready() {
+            *watch = None;
+        }
+        polled
+    }
+
     fn into_descriptors(mut self) -> Result<Vec<Descriptor>, OperationCore> {
+        self.catch_up();
         if self.shared.memory_released() {
             Ok(std::mem::take(&mut self.descriptors).release())
         } else {
@@ -81,6 +127,7 @@ impl Drop for OperationCore {
     fn drop(&mut self) {
         // A passive operation completes only when the engine, taking its
         // notification, has already stopped tracking it.
+        self.catch_up();
         if let Some(key) = &self.passive_key
             && self.shared.status() != OperationStatus::Complete
         {
@@ -95,23 +142,25 @@ impl Drop for OperationCore {
 /// operation at once.
 #[must_use = "futures do nothing unless polled"]
 pub struct Completion<'a> {
-    shared: &'a OpShared,
+    core: &'a OperationCore,
     /// This future's waker slot in the operation, once polled.
     slot: Option<u64>,
+    /// Counts this future as a waiter of a passive operation while pending.
+    watch: Option<Watch>,
 }
 
 impl Future for Completion<'_> {
     type Output = Result<()>;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
         let this = self.get_mut();
-        this.shared.poll_settled(&mut this.slot, cx)
+        this.core.poll(&mut this.slot, &mut this.watch, cx)
     }
 }
 
 impl Drop for Completion<'_> {
     fn drop(&mut self) {
         if let Some(slot) = self.slot {
-            self.shared.forget_waker(slot);
+            self.core.shared.forget_waker(slot);
         }
     }
 }
@@ -119,7 +168,7 @@ impl Drop for Completion<'_> {
 impl std::fmt::Debug for Completion<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Completion")
-            .field("status", &self.shared.status())
+            .field("status", &self.core.shared.status())
             .finish()
     }
 }
@@ -130,6 +179,7 @@ impl std::fmt::Debug for Completion<'_> {
 pub struct OperationFuture {
     core: Option<OperationCore>,
     slot: Option<u64>,
+    watch: Option<Watch>,
 }
 
 impl Future for OperationFuture {
@@ -139,7 +189,7 @@ impl Future for OperationFuture {
         let Some(core) = this.core.as_ref() else {
             return Poll::Ready(Err(Error::PolledAfterCompletion));
         };
-        match core.shared.poll_settled(&mut this.slot, cx) {
+        match core.poll(&mut this.slot, &mut this.watch, cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(result) => {
                 // Settled: the operation took every waker out already.
@@ -179,12 +229,14 @@ impl std::fmt::Debug for OperationFuture {
 macro_rules! operation_common {
     ($ty:ident) => {
         impl $ty {
-            /// Current status: a lock-free read that never blocks. It turns
+            /// Current status, without waiting for the peer. It turns
             /// terminal as soon as the outcome is decided, possibly a moment
             /// before the backend has let go of the memory; [`wait`](Self::wait)
-            /// returns after that.
+            /// returns after that. A passive operation whose peer's
+            /// notification has arrived is completed first (one call into the
+            /// backend, which does not block).
             pub fn status(&self) -> OperationStatus {
-                self.core.shared.status()
+                self.core.status()
             }
 
             /// Blocks until the operation ends: `Ok` when complete, `Err` when
@@ -205,8 +257,9 @@ macro_rules! operation_common {
             /// A future that resolves when the operation ends, like [`wait`](Self::wait).
             pub fn completion(&self) -> Completion<'_> {
                 Completion {
-                    shared: &self.core.shared,
+                    core: &self.core,
                     slot: None,
+                    watch: None,
                 }
             }
 
@@ -222,6 +275,7 @@ macro_rules! operation_common {
             /// still write, so the buffers are leaked. To get them back there,
             /// let the peer finish (wait for completion) instead of cancelling.
             pub fn cancel(&self) {
+                self.core.catch_up();
                 self.core.shared.finish(Outcome::Cancelled);
             }
 
@@ -261,14 +315,16 @@ macro_rules! operation_common {
                 OperationFuture {
                     core: Some(self.core),
                     slot: None,
+                    watch: None,
                 }
             }
         }
 
         impl std::fmt::Debug for $ty {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                // The status as last decided: formatting delivers nothing.
                 f.debug_struct(stringify!($ty))
-                    .field("status", &self.status())
+                    .field("status", &self.core.shared.status())
                     .field("descriptors", &self.core.descriptors.len())
                     .finish()
             }
