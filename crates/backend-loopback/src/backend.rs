@@ -1,6 +1,5 @@
 //! [`LoopbackBackend`]: one agent on a [`Fabric`], implementing the core trait.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -43,8 +42,19 @@ const DONE: u64 = 1 << 63;
 #[derive(Default)]
 struct LocalRegions {
     by_id: IdMap<RegionId, (Segment, bool)>,
-    /// (start, id) -> (end, writable): finds the region holding an address.
-    by_addr: BTreeMap<(usize, u64), (usize, bool)>,
+    /// Every region, sorted by start and id: a binary search finds the one
+    /// holding an address (a `BTreeMap` walk cost several times more per
+    /// pair of a large batch).
+    by_addr: Vec<Span>,
+}
+
+/// A registered region as `LocalRegions::by_addr` sorts it.
+#[derive(Clone, Copy)]
+struct Span {
+    start: usize,
+    id: u64,
+    end: usize,
+    writable: bool,
 }
 
 impl std::fmt::Debug for LoopbackBackend {
@@ -182,7 +192,7 @@ impl LoopbackBackend {
                     ));
                 }
             }
-            if !grant.covers(remote) {
+            if !grant.covers(index, remote) {
                 return Err(Self::denied(
                     peer_name,
                     format!(
@@ -202,15 +212,45 @@ impl LoopbackBackend {
 }
 
 impl LocalRegions {
+    /// Where a region starting at `start` with id `id` is, or would go, in
+    /// `by_addr`.
+    fn slot(&self, start: usize, id: u64) -> usize {
+        self.by_addr
+            .partition_point(|s| (s.start, s.id) < (start, id))
+    }
+
+    fn insert(&mut self, id: RegionId, region: Segment, end: usize, writable: bool) {
+        self.by_id.insert(id, (region, writable));
+        let at = self.slot(region.addr, id.0);
+        let span = Span {
+            start: region.addr,
+            id: id.0,
+            end,
+            writable,
+        };
+        self.by_addr.insert(at, span);
+    }
+
+    fn remove(&mut self, id: RegionId) -> Option<(Segment, bool)> {
+        let removed = self.by_id.remove(&id)?;
+        let at = self.slot(removed.0.addr, id.0);
+        if self.by_addr.get(at).is_some_and(|s| s.id == id.0) {
+            self.by_addr.remove(at);
+        }
+        Some(removed)
+    }
+
     /// Whether `segment` lies inside a registered region, and if so its writability.
     fn holding(&self, segment: &Segment) -> Option<bool> {
         let end = segment.end()?;
-        let candidate = self
-            .by_addr
-            .range(..=(segment.addr, u64::MAX))
-            .next_back()
-            .filter(|(_, (region_end, _))| *region_end >= end)
-            .map(|(_, &(_, writable))| writable);
+        // The last region starting at or before the segment almost always
+        // holds it; overlapping registrations need the scan.
+        let after = self.by_addr.partition_point(|s| s.start <= segment.addr);
+        let candidate = after
+            .checked_sub(1)
+            .map(|i| self.by_addr[i])
+            .filter(|s| s.end >= end)
+            .map(|s| s.writable);
         candidate.or_else(|| {
             self.by_id
                 .values()
@@ -312,22 +352,13 @@ impl RegistrationBackend for LoopbackBackend {
             return Err(self.gone("register"));
         }
         let id = RegionId(next_id());
-        let mut local = lock(&self.local);
-        local.by_id.insert(id, (*region, writable));
-        local.by_addr.insert((region.addr, id.0), (end, writable));
+        lock(&self.local).insert(id, *region, end, writable);
         self.agent.regions.fetch_add(1, Ordering::Relaxed);
         Ok(id)
     }
 
     fn deregister(&self, region: RegionId) -> Result<()> {
-        let removed = {
-            let mut local = lock(&self.local);
-            let removed = local.by_id.remove(&region);
-            if let Some((segment, _)) = &removed {
-                local.by_addr.remove(&(segment.addr, region.0));
-            }
-            removed
-        };
+        let removed = lock(&self.local).remove(region);
         if removed.is_some() {
             self.agent.regions.fetch_sub(1, Ordering::Relaxed);
         } else {

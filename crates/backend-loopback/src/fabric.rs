@@ -246,7 +246,12 @@ pub(crate) struct Grant {
     pub(crate) access: OperationKind,
     /// The notification key of the operation it was made for.
     pub(crate) key: Arc<[u8]>,
+    /// The exposed regions in the operation's descriptor order, which its
+    /// metadata keeps: an honest peer's `i`-th remote range lies in the
+    /// `i`-th region.
     pub(crate) regions: Vec<(RegionId, Segment)>,
+    /// The same regions sorted by start, for ranges in any other order.
+    sorted: Vec<Segment>,
     /// Transfers copy under the read lock; revocation takes the write lock, so
     /// once `revoke` returns no copy into these regions is running or will start.
     live: RwLock<bool>,
@@ -257,14 +262,16 @@ impl Grant {
         id: u64,
         access: OperationKind,
         key: &[u8],
-        mut regions: Vec<(RegionId, Segment)>,
+        regions: Vec<(RegionId, Segment)>,
     ) -> Grant {
-        regions.sort_by_key(|(_, r)| r.addr);
+        let mut sorted: Vec<Segment> = regions.iter().map(|&(_, r)| r).collect();
+        sorted.sort_by_key(|r| r.addr);
         Grant {
             id,
             access,
             key: key.into(),
             regions,
+            sorted,
             live: RwLock::new(true),
         }
     }
@@ -279,14 +286,23 @@ impl Grant {
         (*guard).then_some(guard)
     }
 
-    /// Whether `range` lies inside one exposed region.
-    pub(crate) fn covers(&self, range: &Segment) -> bool {
-        // Regions are sorted by start: the nearest one starting at or before the
+    /// Whether `range`, a transfer's `index`-th remote range, lies inside one
+    /// exposed region.
+    pub(crate) fn covers(&self, index: usize, range: &Segment) -> bool {
+        // The region of the same index holds it unless the peer reordered the
+        // metadata. Otherwise the nearest region starting at or before the
         // range almost always holds it; overlapping registrations need the scan.
-        let after = self.regions.partition_point(|(_, r)| r.addr <= range.addr);
+        if self
+            .regions
+            .get(index)
+            .is_some_and(|(_, r)| r.contains(range))
+        {
+            return true;
+        }
+        let after = self.sorted.partition_point(|r| r.addr <= range.addr);
         after
             .checked_sub(1)
-            .is_some_and(|i| self.regions[i].1.contains(range))
-            || self.regions[..after].iter().any(|(_, r)| r.contains(range))
+            .is_some_and(|i| self.sorted[i].contains(range))
+            || self.sorted[..after].iter().any(|r| r.contains(range))
     }
 }

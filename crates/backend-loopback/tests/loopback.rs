@@ -591,6 +591,96 @@ fn exposures_are_reached_through_their_notification_key() {
     ));
 }
 
+/// Range checks do not depend on where a range sits in the request: the
+/// remote ranges may come in another order than the exposure listed them,
+/// or lie inside a region rather than match it, and a local range may lie
+/// in a region that overlaps another. A range that crosses a region's end is
+/// refused, wherever it sits.
+#[test]
+fn ranges_are_checked_wherever_they_sit_in_the_request() {
+    use descriptor_core::{RegistrationBackend, Segment, TransferRequest, TransferState};
+    // Declared first, so dropped last: the backends go before the buffers.
+    let sources: Vec<Vec<u8>> = (40..43).map(|seed| pattern(seed, 4096)).collect();
+    let mut dst = vec![0u8; 3 * 4096];
+    let (server, client) = agents();
+    let remote: Vec<Segment> = sources.iter().map(|s| page(s.as_ptr())).collect();
+    let base = dst.as_mut_ptr();
+    let whole = Segment {
+        len: 3 * 4096,
+        ..page(base)
+    };
+    // SAFETY: as in the tests above: every buffer outlives the backends, the
+    // sources are registered read-only and only read, `dst` is registered
+    // writable (whole, and its middle page on its own: overlapping) and only
+    // written by copies that end inside `post`.
+    unsafe {
+        let regions: Vec<_> = remote
+            .iter()
+            .map(|r| server.register(r, false).unwrap())
+            .collect();
+        client.register(&whole, true).unwrap();
+        client.register(&page(base.add(4096)), true).unwrap();
+        let exposed = server
+            .expose(&regions, OperationKind::Read, b"ranges")
+            .unwrap();
+        client.load_remote(&exposed.agent_metadata).unwrap();
+    }
+    let read = |local: &[Segment], remote: &[Segment]| {
+        let request = TransferRequest {
+            op: OperationKind::Read,
+            peer: "server",
+            local,
+            remote,
+            notification: b"ranges",
+            notify: false,
+        };
+        // SAFETY: as above.
+        unsafe { client.post(&request) }
+    };
+    let at = |offset: usize, len: usize| Segment {
+        // SAFETY: `offset + len` stays inside `dst`.
+        addr: unsafe { base.add(offset) }.expose_provenance(),
+        len,
+        device: Device::HOST,
+    };
+    // The exposure's third, first and second page, into dst's three pages.
+    let locals = [at(0, 4096), at(4096, 4096), at(8192, 4096)];
+    let id = read(&locals, &[remote[2], remote[0], remote[1]]).unwrap();
+    assert!(matches!(client.poll(id), TransferState::Done));
+    for (page, seed) in dst.chunks(4096).zip([42, 40, 41]) {
+        assert_eq!(page, pattern(seed, 4096).as_slice());
+    }
+    // Part of the second page, into a local range that starts inside the
+    // middle region but ends past it (only the whole region holds it).
+    let inside = Segment {
+        addr: remote[1].addr + 100,
+        len: 3900,
+        ..remote[1]
+    };
+    let id = read(&[at(5000, 3900)], &[inside]).unwrap();
+    assert!(matches!(client.poll(id), TransferState::Done));
+    assert_eq!(&dst[5000..8900], &pattern(41, 4096)[100..4000]);
+    // Across the end of the first page, at any index: refused.
+    let head = |r: &Segment| Segment { len: 200, ..*r };
+    let crossing = Segment {
+        addr: remote[0].addr + 4000,
+        ..head(&remote[0])
+    };
+    for index in 0..2 {
+        let mut remotes = [head(&remote[1]), head(&remote[2])];
+        remotes[index] = crossing;
+        match read(&[at(0, 200), at(4096, 200)], &remotes) {
+            Err(Error::AccessDenied { reason, .. }) => {
+                assert!(
+                    reason.contains(&format!("remote descriptor {index}")),
+                    "{reason}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
 /// The peer's metadata is loaded once: every later operation to it finds it
 /// in the connector's remote cache, since it no longer changes per exposure.
 #[test]
