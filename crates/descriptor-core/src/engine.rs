@@ -166,10 +166,13 @@ impl Engine {
     }
 
     /// Delivers the notifications that arrived since anyone last looked, if
-    /// any did: called before a passive operation is looked at.
+    /// any did: called before a passive operation is looked at, from user
+    /// code (a drop among it), so a panicking backend is contained here too.
     pub(crate) fn catch_up(&self) {
-        if self.handoff.claim() {
-            self.drain_notifications();
+        if self.handoff.claim()
+            && catch_unwind(AssertUnwindSafe(|| self.drain_notifications())).is_err()
+        {
+            tracing::error!(agent = %self.name, "the backend panicked while handing over notifications; the engine drains them again on its next pass");
         }
     }
 
@@ -313,6 +316,7 @@ impl Engine {
     /// whether raised or not (a backend without events raises none).
     fn pass(&self, active: &[Arc<OpShared>]) {
         self.poll_active(active);
+        // Cleared before the drain: one raised during it is looked for again.
         self.handoff.claim();
         self.drain_notifications();
     }

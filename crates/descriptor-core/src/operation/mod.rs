@@ -125,8 +125,9 @@ impl OperationCore {
 
 impl Drop for OperationCore {
     fn drop(&mut self) {
-        // A passive operation completes only when the engine, taking its
-        // notification, has already stopped tracking it.
+        // A notification that arrived for a passive operation completes it
+        // first, so that it is not cancelled. It completes only when the
+        // engine, taking its notification, has already stopped tracking it.
         self.catch_up();
         if let Some(key) = &self.passive_key
             && self.shared.status() != OperationStatus::Complete
