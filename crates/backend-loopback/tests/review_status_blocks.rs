@@ -4,7 +4,8 @@
 //! waited for a 512 MiB copy).
 //!
 //! Now no lock is held across a backend call, and `status()` is an atomic
-//! read. Checked without timing: another thread reads the status while the
+//! read (on a passive operation, after taking a notification that arrived,
+//! which waits for no other thread). Checked without timing: another thread reads the status while the
 //! backend is *inside* `poll`, `release` and `revoke` for that very operation.
 //! Were `status()` to wait behind any of them, the read would never return and
 //! the bounded wait below would fail.

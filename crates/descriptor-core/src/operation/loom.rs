@@ -357,12 +357,19 @@ struct Deferred {
 }
 
 impl Deferred {
-    fn new(op: Arc<OpShared>) -> Arc<Deferred> {
-        Arc::new(Deferred {
+    /// A passive operation, and a peer thread that notifies it once.
+    fn with_peer() -> (Arc<Deferred>, thread::JoinHandle<()>) {
+        let backend = Arc::new(Scripted::new(true, false));
+        let deferred = Arc::new(Deferred {
             handoff: Handoff::default(),
             inbox: loom::sync::Mutex::new(0),
-            op,
-        })
+            op: passive(&backend),
+        });
+        let peer = {
+            let deferred = Arc::clone(&deferred);
+            thread::spawn(move || deferred.notify())
+        };
+        (deferred, peer)
     }
 
     /// `Engine::catch_up`: claims, then drains and delivers.
@@ -393,12 +400,7 @@ impl Deferred {
 #[test]
 fn loom_a_deferred_notification_reaches_its_waiter() {
     model(|| {
-        let backend = Arc::new(Scripted::new(true, false));
-        let deferred = Deferred::new(passive(&backend));
-        let peer = {
-            let deferred = Arc::clone(&deferred);
-            thread::spawn(move || deferred.notify())
-        };
+        let (deferred, peer) = Deferred::with_peer();
         let looker = {
             let deferred = Arc::clone(&deferred);
             thread::spawn(move || deferred.catch_up())
@@ -419,12 +421,7 @@ fn loom_a_deferred_notification_reaches_its_waiter() {
 #[test]
 fn loom_a_deferred_notification_wakes_a_pending_future() {
     model(|| {
-        let backend = Arc::new(Scripted::new(true, false));
-        let deferred = Deferred::new(passive(&backend));
-        let peer = {
-            let deferred = Arc::clone(&deferred);
-            thread::spawn(move || deferred.notify())
-        };
+        let (deferred, peer) = Deferred::with_peer();
         let woken = Arc::new(Counting(StdAtomicUsize::new(0)));
         deferred.handoff.watch();
         deferred.catch_up();

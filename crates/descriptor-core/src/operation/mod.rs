@@ -234,8 +234,10 @@ macro_rules! operation_common {
             /// terminal as soon as the outcome is decided, possibly a moment
             /// before the backend has let go of the memory; [`wait`](Self::wait)
             /// returns after that. A passive operation whose peer's
-            /// notification has arrived is completed first (one call into the
-            /// backend, which does not block).
+            /// notification has arrived is completed first, with calls into
+            /// the backend that do not block (taking the notification,
+            /// revoking the exposure); it never waits for another thread's
+            /// call into the backend.
             pub fn status(&self) -> OperationStatus {
                 self.core.status()
             }
