@@ -292,7 +292,10 @@ pub trait RegistrationBackend: Send + Sync + 'static {
     /// - `Err`: the backend lost track of it; the connector never frees its memory.
     fn release(&self, transfer: TransferId) -> Result<Release>;
 
-    /// Takes every notification received since the last call.
+    /// Takes every notification received since the last call. Called from
+    /// any thread: the connector's engine, the event hook's, or a user's that
+    /// looks at a passive operation (`status`, `wait`, drop), so it must not
+    /// block; `sink` only collects, and calls nothing back.
     fn drain_notifications(&self, sink: &mut dyn FnMut(Notification)) -> Result<()>;
 
     /// How long a thread blocked waiting for an active operation should poll
