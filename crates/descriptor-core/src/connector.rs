@@ -319,14 +319,16 @@ impl Connector {
         let bytes = request.bytes();
         let span = tracing::debug_span!("post", connector = %self.inner.name, peer = %lease.peer, ?op, bytes);
         let _entered = span.enter();
-        // A backend that panics in `post` may have started the transfer: the
-        // `Held` then leaks the memory instead of freeing it.
+        // A backend that panics in `post` (or in the `poll` and `release` that
+        // `OpShared::posted` makes) may have started the transfer: the `Held`
+        // then leaks the memory instead of freeing it.
         let local = Held::new(local);
         // SAFETY: every local segment is a descriptor registered just above with
         // this backend (writable when READ into: checked by `check_pairing`); the
         // operation created below owns the descriptors and hands them back only
-        // after `release` returned `Ok(true)` (`OpShared::let_go`). If `post`
-        // fails, no transfer exists and they are freed normally.
+        // after `release` answered `Release::LetGo` (`state::released`, called
+        // at post time or when the transfer is settled). If `post` fails, no
+        // transfer exists and they are freed normally.
         let transfer = match unsafe { self.inner.backend.post(&request) } {
             Ok(transfer) => transfer,
             Err(e) => {
@@ -334,20 +336,18 @@ impl Connector {
                 return Err(e);
             }
         };
-        let shared = OpShared::new(
+        let (shared, driven) = OpShared::posted(
             self.backend_arc(),
             Role {
                 kind: op,
                 passive: false,
             },
             bytes,
-            OperationStatus::InProgress,
-            Pending::Transfer(transfer),
-            Some(lease),
+            transfer,
+            lease,
         );
         let core = OperationCore::new(Arc::clone(&shared), local, self.clone(), None);
-        // Small transfers often finish at post time: skip the engine for those.
-        if !shared.drive() {
+        if driven {
             self.inner.engine.track_active(shared);
         }
         Ok(core)

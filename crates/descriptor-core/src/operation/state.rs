@@ -161,6 +161,20 @@ struct OpState {
 }
 
 impl OpState {
+    fn new(status: OperationStatus, pending: Pending, lease: Option<RemoteLease>) -> OpState {
+        OpState {
+            status,
+            error: None,
+            settled: false,
+            pending,
+            lease,
+            orphans: None,
+            wakers: Vec::new(),
+            next_slot: 0,
+            sleepers: 0,
+        }
+    }
+
     fn result(&self) -> Result<()> {
         match self.status {
             OperationStatus::Complete => Ok(()),
@@ -221,6 +235,19 @@ impl Drop for Freed {
     }
 }
 
+/// Asks the backend to release transfer `id`, which it reported ended; what it
+/// still holds of the memory afterwards.
+fn released(backend: &dyn RegistrationBackend, id: TransferId) -> Pending {
+    match backend.release(id) {
+        Ok(Release::LetGo) => Pending::Nothing,
+        Ok(Release::StillRunning) => Pending::Draining(id),
+        Err(error) => {
+            tracing::error!(%error, transfer = id.0, "the backend lost a transfer; its memory will be leaked, not freed");
+            Pending::Leaked
+        }
+    }
+}
+
 /// Shared between an operation, its waiters, its futures and the progress engine.
 pub(crate) struct OpShared {
     backend: Arc<dyn RegistrationBackend>,
@@ -244,25 +271,66 @@ impl OpShared {
         pending: Pending,
         lease: Option<RemoteLease>,
     ) -> Arc<OpShared> {
+        Self::with_state(backend, role, bytes, OpState::new(status, pending, lease))
+    }
+
+    fn with_state(
+        backend: Arc<dyn RegistrationBackend>,
+        role: Role,
+        bytes: usize,
+        state: OpState,
+    ) -> Arc<OpShared> {
         Arc::new(OpShared {
             backend,
-            status: AtomicU8::new(status as u8),
-            state: Mutex::new(OpState {
-                status,
-                error: None,
-                settled: false,
-                pending,
-                lease,
-                orphans: None,
-                wakers: Vec::new(),
-                next_slot: 0,
-                sleepers: 0,
-            }),
+            status: AtomicU8::new(state.status as u8),
+            state: Mutex::new(state),
             settled: Condvar::new(),
             role,
             bytes,
             started: tracing::enabled!(tracing::Level::DEBUG).then(Instant::now),
         })
+    }
+
+    /// An active operation whose transfer `id` was just posted; true if the
+    /// engine must still drive it.
+    ///
+    /// Small transfers often end inside `post` (the loopback's always do):
+    /// such an operation starts decided and settled, as `drive` would leave
+    /// it, without the lock round trips and wake-ups of deciding it later.
+    /// Nobody else can see the operation yet, so there is nothing to race.
+    /// If the backend panics here, the caller's [`Held`] leaks the memory.
+    pub(crate) fn posted(
+        backend: Arc<dyn RegistrationBackend>,
+        role: Role,
+        bytes: usize,
+        id: TransferId,
+        lease: RemoteLease,
+    ) -> (Arc<OpShared>, bool) {
+        let reason = match backend.poll(id) {
+            TransferState::InProgress => {
+                let pending = Pending::Transfer(id);
+                let state = OpState::new(OperationStatus::InProgress, pending, Some(lease));
+                return (Self::with_state(backend, role, bytes, state), true);
+            }
+            TransferState::Failed(reason) => reason,
+            TransferState::Done => {
+                let pending = released(&*backend, id);
+                let mut state = OpState::new(OperationStatus::Complete, pending, Some(lease));
+                // As `publish` does: what the backend let go of goes before
+                // the operation can be seen settled.
+                drop(state.take_freed());
+                state.settled = true;
+                let shared = Self::with_state(backend, role, bytes, state);
+                shared.log_finished(OperationStatus::Complete, None, pending);
+                return (shared, pending.needs_driving());
+            }
+        };
+        let pending = Pending::Transfer(id);
+        let state = OpState::new(OperationStatus::InProgress, pending, Some(lease));
+        let shared = Self::with_state(backend, role, bytes, state);
+        shared.finish(Outcome::Failed(reason));
+        let driven = shared.lock().pending.needs_driving();
+        (shared, driven)
     }
 
     fn lock(&self) -> MutexGuard<'_, OpState> {
@@ -376,14 +444,7 @@ impl OpShared {
     fn let_go(&self, let_go: LetGo) -> Option<Pending> {
         match let_go {
             LetGo::Nothing => None,
-            LetGo::Release(id) => Some(match self.backend.release(id) {
-                Ok(Release::LetGo) => Pending::Nothing,
-                Ok(Release::StillRunning) => Pending::Draining(id),
-                Err(error) => {
-                    tracing::error!(%error, transfer = id.0, "the backend lost a transfer; its memory will be leaked, not freed");
-                    Pending::Leaked
-                }
-            }),
+            LetGo::Release(id) => Some(released(&*self.backend, id)),
             LetGo::Revoke(id) => {
                 let revoked = match self.backend.revoke(id) {
                     Ok(()) => self.backend.revocation_enforced(),
@@ -428,15 +489,7 @@ impl OpShared {
             (std::mem::take(&mut st.wakers), st.sleepers > 0, finished)
         };
         if let Some((status, error, pending)) = finished {
-            tracing::debug!(
-                op = %self.role,
-                ?status,
-                bytes = self.bytes,
-                elapsed_us = self.started.map(|t| t.elapsed().as_micros() as u64),
-                reason = error.as_ref().map(ToString::to_string).unwrap_or_default(),
-                ?pending,
-                "operation finished"
-            );
+            self.log_finished(status, error, pending);
         }
         if sleepers {
             self.settled.notify_all();
@@ -454,6 +507,19 @@ impl OpShared {
         if let Err(panic) = dropped {
             resume_unwind(panic);
         }
+    }
+
+    /// The debug log's line for an operation that just settled.
+    fn log_finished(&self, status: OperationStatus, error: Option<SharedCause>, pending: Pending) {
+        tracing::debug!(
+            op = %self.role,
+            ?status,
+            bytes = self.bytes,
+            elapsed_us = self.started.map(|t| t.elapsed().as_micros() as u64),
+            reason = error.as_ref().map(ToString::to_string).unwrap_or_default(),
+            ?pending,
+            "operation finished"
+        );
     }
 
     /// Ends a dropped operation: cancels it unless it already ended, then

@@ -114,6 +114,92 @@ fn a_draining_transfer_hands_its_memory_back_once_released() {
     assert!(!backend.freed_early());
 }
 
+/// A transfer that ended inside `post` starts settled: released at once, its
+/// memory back with no engine pass.
+#[test]
+fn a_transfer_done_at_post_hands_its_memory_back_at_once() {
+    let backend = Arc::new(Scripted::new(true, false));
+    backend.set_poll(TransferState::Done);
+    let c = connector(&backend);
+    let (local, freed) = backend.tracked(64);
+    let read = c.begin_read(&remote(64), vec![local]).unwrap();
+    assert_eq!(read.status(), OperationStatus::Complete);
+    assert_eq!(read.core.shared.pending(), Pending::Nothing);
+    assert_eq!(backend.live_transfers.load(Ordering::SeqCst), 0);
+    read.wait().unwrap();
+    let back = read.into_descriptors().unwrap();
+    assert_eq!(back.len(), 1);
+    drop(back);
+    assert_eq!(freed.load(Ordering::SeqCst), 1);
+    assert!(!backend.freed_early());
+}
+
+/// Ended inside `post`, but the backend still holds it: complete for the
+/// caller, while the engine asks again, and the memory comes back only once
+/// the backend lets go.
+#[test]
+fn a_transfer_done_at_post_but_still_held_is_drained_before_its_memory_returns() {
+    let backend = Arc::new(Scripted::new(true, false));
+    backend.set_poll(TransferState::Done);
+    backend.script_releases(&[Script::Busy, Script::Busy]);
+    let c = connector(&backend);
+    let (local, freed) = backend.tracked(64);
+    let mut read = c.begin_read(&remote(64), vec![local]).unwrap();
+    assert_eq!(read.status(), OperationStatus::Complete);
+    read.wait().unwrap();
+    let deadline = Instant::now() + BOUND;
+    let back = loop {
+        match read.into_descriptors() {
+            Ok(back) => break back,
+            Err(again) => {
+                assert!(Instant::now() < deadline, "never handed back");
+                assert_eq!(freed.load(Ordering::SeqCst), 0);
+                read = again;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    };
+    assert!(backend.let_go(), "handed back before the backend let go");
+    drop(back);
+    assert_eq!(freed.load(Ordering::SeqCst), 1);
+    assert!(!backend.freed_early());
+}
+
+/// Ended inside `post`, then lost by the backend: complete, and leaked.
+#[test]
+fn a_transfer_done_at_post_that_the_backend_lost_is_leaked() {
+    let backend = Arc::new(Scripted::new(true, false));
+    backend.set_poll(TransferState::Done);
+    backend.script_releases(&[Script::Lost]);
+    let c = connector(&backend);
+    let (local, freed) = backend.tracked(64);
+    let read = c.begin_read(&remote(64), vec![local]).unwrap();
+    assert_eq!(read.status(), OperationStatus::Complete);
+    assert_eq!(read.core.shared.pending(), Pending::Leaked);
+    read.wait().unwrap();
+    let read = read.into_descriptors().unwrap_err();
+    drop(read);
+    drop(c);
+    assert_eq!(freed.load(Ordering::SeqCst), 0, "leaked memory was freed");
+}
+
+/// Failed inside `post`: the waiter gets the backend's reason, and the
+/// memory comes back.
+#[test]
+fn a_transfer_failed_at_post_reports_why_and_hands_its_memory_back() {
+    let backend = Arc::new(Scripted::new(true, false));
+    backend.set_poll(TransferState::failed("scripted: the wire broke"));
+    let c = connector(&backend);
+    let (local, freed) = backend.tracked(64);
+    let read = c.begin_read(&remote(64), vec![local]).unwrap();
+    assert_eq!(read.status(), OperationStatus::Errored);
+    let error = read.wait().unwrap_err();
+    assert!(error.to_string().contains("the wire broke"), "{error}");
+    drop(read.into_descriptors().unwrap());
+    assert_eq!(freed.load(Ordering::SeqCst), 1);
+    assert!(!backend.freed_early());
+}
+
 /// `status()` turns terminal when the outcome is decided, before the deciding
 /// thread has asked the backend to let go; `into_descriptors` then waits for
 /// that thread instead of refusing an operation the caller saw `Complete`.
