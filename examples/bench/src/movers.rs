@@ -412,3 +412,35 @@ impl Mover for RawNixl {
             .all(|(p, a)| p.0 == a.0)
     }
 }
+
+/// Another mover's twin under another name: a second, independent instance
+/// of the same baseline, taking its own turn. The ratio between the two is
+/// what the bench's interleaving cannot tell apart from noise.
+pub(crate) struct Twin {
+    inner: Box<dyn Mover>,
+    name: &'static str,
+}
+
+impl Twin {
+    pub(crate) fn new(inner: impl Mover + 'static, name: &'static str) -> Twin {
+        Twin {
+            inner: Box::new(inner),
+            name,
+        }
+    }
+}
+
+impl Mover for Twin {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn prepare(&mut self, op: Op, block: usize, blocks: usize) -> Res<()> {
+        self.inner.prepare(op, block, blocks)
+    }
+    fn run(&mut self, op: Op) -> Res<Duration> {
+        self.inner.run(op)
+    }
+    fn verify(&self, op: Op) -> bool {
+        self.inner.verify(op)
+    }
+}

@@ -123,6 +123,7 @@ pub(crate) fn print(rows: &[Row], extras: &Extras) {
             wide(raw)
         );
     }
+    print_twins(rows);
     println!("\n== other measurements ==");
     for (name, value, unit) in &extras.items {
         println!("  {name:<72} {value:>12.2} {unit}");
@@ -130,6 +131,44 @@ pub(crate) fn print(rows: &[Row], extras: &Extras) {
     println!("\n== targets ==");
     for line in targets(rows, extras) {
         println!("  {line}");
+    }
+}
+
+/// With `--movers ...-twin`: each raw baseline against its twin, a second
+/// instance of it in the same run. Two runs of one program differ by this
+/// much, so a ratio of ours to raw means no more than that.
+fn print_twins(rows: &[Row]) {
+    let pairs = [
+        ("nixl-sys-raw-twin", "nixl-sys-raw"),
+        ("nixl-sys-raw-xproc-twin", "nixl-sys-raw-xproc"),
+    ];
+    if !rows
+        .iter()
+        .any(|r| pairs.iter().any(|(twin, _)| r.backend == *twin))
+    {
+        return;
+    }
+    println!("\n== noise: each raw baseline's twin against it (GB/s ratio) ==");
+    println!(
+        "{:<6} {:>8} {:>5} | {:>10} | {:>10}",
+        "op", "block", "count", "in-process", "xproc"
+    );
+    for (op, block, blocks) in configs(rows) {
+        let ratio = |(twin, raw): (&str, &str)| match (
+            find(rows, twin, op, block, blocks),
+            find(rows, raw, op, block, blocks),
+        ) {
+            (Some(t), Some(r)) => format!("{:.2}", t.gbps / r.gbps),
+            _ => "-".into(),
+        };
+        println!(
+            "{:<6} {:>8} {:>5} | {:>10} | {:>10}",
+            op,
+            human(block),
+            blocks,
+            ratio(pairs[0]),
+            ratio(pairs[1])
+        );
     }
 }
 
