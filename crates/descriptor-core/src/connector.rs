@@ -310,14 +310,14 @@ impl Connector {
         let (local_segments, remote_segments) = segments.split_at(local.len());
         let request = TransferRequest {
             op,
-            peer: &lease.peer,
+            peer: lease.peer(),
             local: local_segments,
             remote: remote_segments,
             notification: remote.notification_key().as_bytes(),
             notify: true,
         };
         let bytes = request.bytes();
-        let span = tracing::debug_span!("post", connector = %self.inner.name, peer = %lease.peer, ?op, bytes);
+        let span = tracing::debug_span!("post", connector = %self.inner.name, peer = %lease.peer(), ?op, bytes);
         let _entered = span.enter();
         // A backend that panics in `post` (or in the `poll` and `release` that
         // `OpShared::posted` makes) may have started the transfer: the `Held`

@@ -17,6 +17,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, PoisonError};
 
 use foldhash::fast::RandomState;
@@ -50,9 +51,12 @@ pub(crate) struct RemoteCache {
 
 #[derive(Default)]
 struct State {
-    peers: HashMap<String, Peer, RandomState>,
+    peers: HashMap<String, Entry, RandomState>,
     /// Blob key (see `RemoteCache::key`) to the blob and the peer it loaded.
     blobs: HashMap<u64, Memo, BuildHasherDefault<KeyHasher>>,
+    /// Peers with no operation (`refs` zero), so that a release need not
+    /// count them.
+    idle: usize,
     clock: u64,
     /// `load_remote` calls in flight.
     loading: usize,
@@ -64,16 +68,26 @@ struct State {
 }
 
 /// A remembered blob and the peer it loaded.
-type Memo = (Box<[u8]>, Arc<str>);
+type Memo = (Box<[u8]>, Arc<Peer>);
 
+/// A loaded peer, shared by its entry, its remembered blobs and its leases,
+/// so that taking or returning a lease looks nothing up by name and
+/// allocates nothing. Its counts change only under the cache's lock: they
+/// are atomics only so that leases can share them (relaxed: the lock orders
+/// them).
 struct Peer {
-    /// The peer's name, shared with the blobs and leases that name it, so
-    /// that a lease costs no allocation.
     name: Arc<str>,
-    refs: usize,
+    /// Operations using the peer.
+    refs: AtomicUsize,
+    /// The use clock's time when it was last taken or returned.
+    last_used: AtomicU64,
+}
+
+/// A loaded peer's place in the cache.
+struct Entry {
+    peer: Arc<Peer>,
     /// Keys of this peer's remembered blobs, oldest first.
     blobs: VecDeque<u64>,
-    last_used: u64,
 }
 
 impl RemoteCache {
@@ -103,12 +117,13 @@ impl RemoteCache {
 
     /// Peers with at least one operation.
     pub(crate) fn active(&self) -> usize {
-        self.lock().peers.values().filter(|p| p.refs > 0).count()
+        let state = self.lock();
+        state.peers.len().saturating_sub(state.idle)
     }
 
     /// Peers loaded but unused.
     pub(crate) fn idle(&self) -> usize {
-        self.lock().peers.values().filter(|p| p.refs == 0).count()
+        self.lock().idle
     }
 
     /// Loads (or recognises) a peer's metadata and takes a reference on it.
@@ -151,10 +166,8 @@ impl RemoteCache {
             .filter(|(blob, _)| **blob == *agent_metadata)
             .map(|(_, peer)| Arc::clone(peer));
         if let Some(peer) = known {
-            let now = state.tick();
-            if let Some(entry) = state.peers.get_mut(&*peer) {
-                entry.take_ref(now);
-            }
+            // A remembered blob's peer is loaded: unloading forgets its blobs.
+            state.take_ref(&peer);
             return Ok(self.lease(peer));
         }
         while state.unloading > 0 {
@@ -168,16 +181,19 @@ impl RemoteCache {
         let _call = InFlight::load(self);
         let loaded = self.backend.load_remote(agent_metadata)?;
         let mut state = self.lock();
-        let now = state.tick();
-        let State { peers, blobs, .. } = &mut *state;
-        let entry = peers.entry(loaded).or_insert_with_key(|name| Peer {
-            name: name.as_str().into(),
-            refs: 0,
-            blobs: VecDeque::new(),
-            last_used: 0,
+        let State {
+            peers,
+            blobs,
+            idle,
+            clock,
+            ..
+        } = &mut *state;
+        let entry = peers.entry(loaded).or_insert_with_key(|name| {
+            *idle += 1;
+            Entry::new(name)
         });
-        entry.take_ref(now);
-        let peer = Arc::clone(&entry.name);
+        take_ref(idle, clock, &entry.peer);
+        let peer = Arc::clone(&entry.peer);
         if !entry.blobs.contains(&key) {
             if entry.blobs.len() >= MAX_BLOBS_PER_PEER
                 && let Some(old) = entry.blobs.pop_front()
@@ -187,10 +203,10 @@ impl RemoteCache {
             entry.blobs.push_back(key);
         }
         if let Some((_, previous)) = blobs.insert(key, (agent_metadata.into(), Arc::clone(&peer)))
-            && previous != peer
+            && !Arc::ptr_eq(&previous, &peer)
         {
             // Another peer's blob had this key: it is simply forgotten.
-            if let Some(other) = peers.get_mut(&*previous) {
+            if let Some(other) = peers.get_mut(&*previous.name) {
                 other.blobs.retain(|k| *k != key);
             }
         }
@@ -198,19 +214,21 @@ impl RemoteCache {
     }
 
     /// A lease on `peer`, whose reference is already taken.
-    fn lease(self: &Arc<Self>, peer: Arc<str>) -> RemoteLease {
+    fn lease(self: &Arc<Self>, peer: Arc<Peer>) -> RemoteLease {
         RemoteLease {
             cache: Arc::clone(self),
             peer,
         }
     }
 
-    fn release(&self, peer: &str) {
+    fn release(&self, peer: &Peer) {
         let mut state = self.lock();
-        let now = state.tick();
-        if let Some(entry) = state.peers.get_mut(peer) {
-            entry.refs = entry.refs.saturating_sub(1);
-            entry.last_used = now;
+        state.clock += 1;
+        peer.last_used.store(state.clock, Relaxed);
+        // A leased peer is never unloaded (only idle ones are), so it is
+        // still in `peers`, and counted idle once its last lease is back.
+        if peer.refs.fetch_sub(1, Relaxed) == 1 {
+            state.idle += 1;
         }
         // Best effort: with a load in flight, the next release evicts instead
         // of this thread (perhaps the engine's) waiting for it.
@@ -221,8 +239,7 @@ impl RemoteCache {
 
     /// Unloads idle peers, least recently used first, until at most `keep` remain.
     fn evict(&self, mut state: MutexGuard<'_, State>, keep: usize) {
-        let idle = state.peers.values().filter(|p| p.refs == 0).count();
-        if idle <= keep {
+        if state.idle <= keep {
             return;
         }
         while state.loading > 0 {
@@ -230,9 +247,10 @@ impl RemoteCache {
         }
         let mut idle: Vec<(u64, Arc<str>)> = state
             .peers
-            .iter()
-            .filter(|(_, p)| p.refs == 0)
-            .map(|(_, p)| (p.last_used, Arc::clone(&p.name)))
+            .values()
+            .map(|e| &e.peer)
+            .filter(|p| p.refs.load(Relaxed) == 0)
+            .map(|p| (p.last_used.load(Relaxed), Arc::clone(&p.name)))
             .collect();
         idle.sort_unstable();
         let excess = idle.len().saturating_sub(keep);
@@ -250,8 +268,8 @@ impl RemoteCache {
         let Some(name) = state
             .peers
             .get(name)
-            .filter(|p| p.refs == 0)
-            .map(|p| Arc::clone(&p.name))
+            .filter(|e| e.peer.refs.load(Relaxed) == 0)
+            .map(|e| Arc::clone(&e.peer.name))
         else {
             return false;
         };
@@ -264,6 +282,8 @@ impl RemoteCache {
     fn unload(&self, mut state: MutexGuard<'_, State>, victims: &[Arc<str>]) {
         for name in victims {
             if let Some(entry) = state.peers.remove(&**name) {
+                // Victims are idle: each was counted there.
+                state.idle = state.idle.saturating_sub(1);
                 for key in entry.blobs {
                     state.blobs.remove(&key);
                 }
@@ -285,18 +305,33 @@ impl RemoteCache {
 }
 
 impl State {
-    /// Advances the use clock and returns the new time.
-    fn tick(&mut self) -> u64 {
-        self.clock += 1;
-        self.clock
+    /// Counts one more operation on `peer`, a loaded peer, used now.
+    fn take_ref(&mut self, peer: &Peer) {
+        take_ref(&mut self.idle, &mut self.clock, peer);
     }
 }
 
-impl Peer {
-    /// Counts one more operation on this peer, used at `now`.
-    fn take_ref(&mut self, now: u64) {
-        self.refs += 1;
-        self.last_used = now;
+/// [`State::take_ref`] on the state's fields, for a caller that holds
+/// another of them borrowed.
+fn take_ref(idle: &mut usize, clock: &mut u64, peer: &Peer) {
+    if peer.refs.fetch_add(1, Relaxed) == 0 {
+        *idle = idle.saturating_sub(1);
+    }
+    *clock += 1;
+    peer.last_used.store(*clock, Relaxed);
+}
+
+impl Entry {
+    /// A newly loaded peer, with no operation yet.
+    fn new(name: &str) -> Entry {
+        Entry {
+            peer: Arc::new(Peer {
+                name: name.into(),
+                refs: AtomicUsize::new(0),
+                last_used: AtomicU64::new(0),
+            }),
+            blobs: VecDeque::new(),
+        }
     }
 }
 
@@ -359,7 +394,14 @@ impl Hasher for KeyHasher {
 /// One operation's reference on a loaded peer.
 pub(crate) struct RemoteLease {
     cache: Arc<RemoteCache>,
-    pub(crate) peer: Arc<str>,
+    peer: Arc<Peer>,
+}
+
+impl RemoteLease {
+    /// The peer's name, as the backend loaded it.
+    pub(crate) fn peer(&self) -> &str {
+        &self.peer.name
+    }
 }
 
 impl Drop for RemoteLease {
