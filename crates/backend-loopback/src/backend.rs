@@ -102,6 +102,8 @@ impl LoopbackBackend {
         &self.fabric
     }
 
+    // Errors are cold: their code is kept out of the way of the checks that pass.
+    #[cold]
     fn gone(&self, context: impl Into<String>) -> Error {
         Error::backend(
             NAME,
@@ -110,6 +112,7 @@ impl LoopbackBackend {
         )
     }
 
+    #[cold]
     fn denied(peer: &str, reason: String) -> Error {
         Error::AccessDenied {
             backend: NAME,

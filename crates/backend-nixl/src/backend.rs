@@ -231,6 +231,7 @@ impl NixlDescriptor for Range {
     }
 }
 
+#[cold]
 fn nixl_error(context: impl Into<String>, error: NixlError) -> Error {
     Error::backend(NAME, context, error)
 }

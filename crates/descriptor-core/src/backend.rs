@@ -119,6 +119,7 @@ pub enum TransferState {
 
 impl TransferState {
     /// A failed state from the backend's error (or a message).
+    #[cold]
     pub fn failed(reason: impl Into<Cause>) -> TransferState {
         TransferState::Failed(Arc::from(reason.into()))
     }

@@ -216,6 +216,7 @@ pub type SharedCause = Arc<dyn std::error::Error + Send + Sync + 'static>;
 
 impl Error {
     /// A [`Error::Backend`] from a backend's own error (or a message).
+    #[cold]
     pub fn backend(
         backend: &'static str,
         context: impl Into<String>,

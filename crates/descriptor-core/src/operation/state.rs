@@ -321,7 +321,9 @@ impl OpShared {
                 drop(state.take_freed());
                 state.settled = true;
                 let shared = Self::with_state(backend, role, bytes, state);
-                shared.log_finished(OperationStatus::Complete, None, pending);
+                if tracing::enabled!(tracing::Level::DEBUG) {
+                    shared.log_finished(OperationStatus::Complete, None, pending);
+                }
                 return (shared, pending.needs_driving());
             }
         };
