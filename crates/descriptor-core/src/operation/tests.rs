@@ -18,7 +18,7 @@ use crate::backend::{Notification, RegistrationBackend, TransferState};
 use crate::testing::{Script, Scripted};
 use crate::{
     Connector, Descriptor, Device, Error, OperationKind, OperationStatus, RdmaMetadata,
-    SerializedDescriptor,
+    ReadOperation, SerializedDescriptor,
 };
 
 const BOUND: Duration = Duration::from_secs(10);
@@ -61,6 +61,23 @@ fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static)
         .unwrap_or_else(|_| panic!("hung: {what}"))
 }
 
+/// Asks for the buffers back until they come (within [`BOUND`]), checking
+/// `meanwhile` after each refusal.
+fn handed_back(mut read: ReadOperation, meanwhile: impl Fn()) -> Vec<Descriptor> {
+    let deadline = Instant::now() + BOUND;
+    loop {
+        match read.into_descriptors() {
+            Ok(back) => return back,
+            Err(again) => {
+                assert!(Instant::now() < deadline, "never handed back");
+                meanwhile();
+                read = again;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+}
+
 #[test]
 fn a_draining_transfer_keeps_its_memory_until_the_backend_lets_go() {
     let backend = Arc::new(Scripted::new(true, false));
@@ -95,18 +112,7 @@ fn a_draining_transfer_hands_its_memory_back_once_released() {
     backend.script_releases(&[Script::Busy]);
     let read = c.begin_read(&remote(64), vec![local]).unwrap();
     read.cancel();
-    let mut read = read;
-    let deadline = Instant::now() + BOUND;
-    let back = loop {
-        match read.into_descriptors() {
-            Ok(back) => break back,
-            Err(again) => {
-                assert!(Instant::now() < deadline, "never handed back");
-                read = again;
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        }
-    };
+    let back = handed_back(read, || {});
     assert!(backend.let_go());
     assert_eq!(back.len(), 1);
     drop(back);
@@ -144,21 +150,10 @@ fn a_transfer_done_at_post_but_still_held_is_drained_before_its_memory_returns()
     backend.script_releases(&[Script::Busy, Script::Busy]);
     let c = connector(&backend);
     let (local, freed) = backend.tracked(64);
-    let mut read = c.begin_read(&remote(64), vec![local]).unwrap();
+    let read = c.begin_read(&remote(64), vec![local]).unwrap();
     assert_eq!(read.status(), OperationStatus::Complete);
     read.wait().unwrap();
-    let deadline = Instant::now() + BOUND;
-    let back = loop {
-        match read.into_descriptors() {
-            Ok(back) => break back,
-            Err(again) => {
-                assert!(Instant::now() < deadline, "never handed back");
-                assert_eq!(freed.load(Ordering::SeqCst), 0);
-                read = again;
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        }
-    };
+    let back = handed_back(read, || assert_eq!(freed.load(Ordering::SeqCst), 0));
     assert!(backend.let_go(), "handed back before the backend let go");
     drop(back);
     assert_eq!(freed.load(Ordering::SeqCst), 1);
