@@ -441,7 +441,7 @@ fn push_remote_segments(
 }
 
 /// A request's segment list: on the stack for the few pairs most operations
-/// move (an allocation and its free were a tenth of a loopback operation's
+/// move (an allocation and its free were 7% of a loopback operation's
 /// instructions), on the heap beyond.
 enum Segments {
     Inline {
