@@ -142,8 +142,8 @@ impl Latencies {
 }
 
 /// Every size, `runs` times over: within a sweep the movers take turns round
-/// by round, so noise hits all alike; each row then reports the median of its
-/// sweeps (p50, p99), with each sweep's p50 kept.
+/// by round, in a shuffled order, so noise hits all alike; each row then
+/// reports the median of its sweeps (p50, p99), with each sweep's p50 kept.
 fn bandwidth(
     movers: &mut [Box<dyn Mover>],
     quick: bool,
@@ -180,7 +180,8 @@ fn bandwidth(
     Ok(rows)
 }
 
-/// One sweep: every size, the movers interleaved round by round.
+/// One sweep: every size, the movers interleaved round by round, each round
+/// in a new order.
 fn sweep(
     movers: &mut [Box<dyn Mover>],
     quick: bool,
@@ -269,8 +270,7 @@ impl Shuffle {
     }
 }
 
-/// Every default mover, in the order they take turns, or only those `only`
-/// names (in that same order).
+/// Every default mover, or only those `only` names, in the report's order.
 fn all_movers(only: Option<&str>) -> Res<Vec<Box<dyn Mover>>> {
     type Make = fn() -> Res<Box<dyn Mover>>;
     // (name, in the default set, maker)
