@@ -97,6 +97,8 @@ struct Watch {
     exposures: usize,
     /// Something new was posted or exposed since the watcher last looked.
     kicked: bool,
+    /// The watcher is blocked on `wake` (set and cleared under the lock).
+    asleep: bool,
     shutdown: bool,
 }
 
@@ -137,8 +139,13 @@ impl Live {
         let mut watch = lock(&self.watch);
         watch.exposures = watch.exposures.saturating_add_signed(exposures);
         watch.kicked = true;
+        let asleep = watch.asleep;
         drop(watch);
-        self.wake.notify_one();
+        // An awake watcher takes `kicked` before it next sleeps: only a
+        // sleeping one needs the wake-up (a system call).
+        if asleep {
+            self.wake.notify_one();
+        }
     }
 
     /// Tells the watcher to stop.
@@ -236,27 +243,26 @@ impl Live {
                 std::thread::yield_now();
                 continue;
             }
-            let watch = lock(&self.watch);
+            let mut watch = lock(&self.watch);
             if watch.shutdown || watch.kicked {
                 continue;
             }
-            if !in_flight && watch.exposures == 0 {
+            watch.asleep = true;
+            let mut watch = if !in_flight && watch.exposures == 0 {
                 // Nothing to wait for: sleep until something is posted or exposed.
-                drop(
-                    self.wake
-                        .wait(watch)
-                        .unwrap_or_else(PoisonError::into_inner),
-                );
-                continue;
-            }
-            let cap = if in_flight { TRANSFER_CAP } else { NOTIFY_CAP };
-            let nap = sleep.min(cap);
-            drop(
+                self.wake
+                    .wait(watch)
+                    .unwrap_or_else(PoisonError::into_inner)
+            } else {
+                let cap = if in_flight { TRANSFER_CAP } else { NOTIFY_CAP };
+                let nap = sleep.min(cap);
+                sleep = (sleep * 2).min(cap);
                 self.wake
                     .wait_timeout(watch, nap)
-                    .unwrap_or_else(PoisonError::into_inner),
-            );
-            sleep = (sleep * 2).min(cap);
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0
+            };
+            watch.asleep = false;
         }
     }
 }
