@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use descriptor_core::{
-    Error, EventHook, Exposure, ExposureId, Notification, OperationKind, RegionId,
+    Error, EventHook, Exposure, ExposureId, Notification, OperationKind, Posted, RegionId,
     RegistrationBackend, Release, Result, Segment, TransferId, TransferRequest, TransferState,
 };
 
@@ -486,7 +486,7 @@ impl RegistrationBackend for LoopbackBackend {
         Ok(())
     }
 
-    unsafe fn post(&self, request: &TransferRequest<'_>) -> Result<TransferId> {
+    unsafe fn post(&self, request: &TransferRequest<'_>) -> Result<Posted> {
         if self.agent.is_gone() {
             return Err(self.gone(format!("post {:?}", request.op)));
         }
@@ -495,10 +495,16 @@ impl RegistrationBackend for LoopbackBackend {
         let state = self.plan(request)?.run();
         let id = next_id();
         if matches!(state, TransferState::Done) {
-            return Ok(TransferId(id | DONE));
+            return Ok(Posted {
+                id: TransferId(id | DONE),
+                state,
+            });
         }
-        lock(&self.failed).insert(id, state);
-        Ok(TransferId(id))
+        lock(&self.failed).insert(id, state.clone());
+        Ok(Posted {
+            id: TransferId(id),
+            state,
+        })
     }
 
     fn poll(&self, transfer: TransferId) -> TransferState {

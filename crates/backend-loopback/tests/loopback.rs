@@ -469,7 +469,7 @@ fn completed_transfers_read_done_and_unknown_ids_do_not() {
     // SAFETY: both buffers outlive the backends (declared before them), and
     // the transfer ends inside `post` (the loopback copies there); `src` is
     // registered read-only and only read, `dst` only written by the copy.
-    let id = unsafe {
+    let posted = unsafe {
         let source = server.register(&remote, false).unwrap();
         let exposure = server
             .expose(&[source], OperationKind::Read, b"key")
@@ -487,6 +487,8 @@ fn completed_transfers_read_done_and_unknown_ids_do_not() {
             })
             .unwrap()
     };
+    assert!(matches!(posted.state, TransferState::Done), "ended in post");
+    let id = posted.id;
     assert!(matches!(client.poll(id), TransferState::Done));
     assert_eq!(dst, src, "the bytes are in place once it reads done");
     let mut notes = Vec::new();
@@ -574,13 +576,15 @@ fn exposures_are_reached_through_their_notification_key() {
     }
     assert!(dst.iter().all(|&x| x == 0) && drain().is_empty());
     // A's key does, and the peer learns which exposure the transfer reached.
-    let id = read(one, b"key-a", true).unwrap();
-    assert!(matches!(client.poll(id), TransferState::Done));
+    let posted = read(one, b"key-a", true).unwrap();
+    assert!(matches!(posted.state, TransferState::Done));
+    assert!(matches!(client.poll(posted.id), TransferState::Done));
     assert_eq!(dst, first);
     assert_eq!(drain(), [(b"key-a".to_vec(), Some(a.id))]);
     // A silent transfer moves the bytes and tells nobody.
-    let id = read(two, b"key-b", false).unwrap();
-    assert!(matches!(client.poll(id), TransferState::Done));
+    let posted = read(two, b"key-b", false).unwrap();
+    assert!(matches!(posted.state, TransferState::Done));
+    assert!(matches!(client.poll(posted.id), TransferState::Done));
     assert_eq!(dst, second);
     assert!(drain().is_empty());
     // Revoked, a key reaches nothing.
@@ -645,8 +649,9 @@ fn ranges_are_checked_wherever_they_sit_in_the_request() {
     };
     // The exposure's third, first and second page, into dst's three pages.
     let locals = [at(0, 4096), at(4096, 4096), at(8192, 4096)];
-    let id = read(&locals, &[remote[2], remote[0], remote[1]]).unwrap();
-    assert!(matches!(client.poll(id), TransferState::Done));
+    let posted = read(&locals, &[remote[2], remote[0], remote[1]]).unwrap();
+    assert!(matches!(posted.state, TransferState::Done));
+    assert!(matches!(client.poll(posted.id), TransferState::Done));
     for (page, seed) in dst.chunks(4096).zip([42, 40, 41]) {
         assert_eq!(page, pattern(seed, 4096).as_slice());
     }
@@ -657,8 +662,9 @@ fn ranges_are_checked_wherever_they_sit_in_the_request() {
         len: 3900,
         ..remote[1]
     };
-    let id = read(&[at(5000, 3900)], &[inside]).unwrap();
-    assert!(matches!(client.poll(id), TransferState::Done));
+    let posted = read(&[at(5000, 3900)], &[inside]).unwrap();
+    assert!(matches!(posted.state, TransferState::Done));
+    assert!(matches!(client.poll(posted.id), TransferState::Done));
     assert_eq!(&dst[5000..8900], &pattern(41, 4096)[100..4000]);
     // Across the end of the first page, at any index: refused.
     let head = |r: &Segment| Segment { len: 200, ..*r };

@@ -1,7 +1,7 @@
 //! Panic injection: a wrapper over the loopback backend panics in one trait
 //! method (once), in turn for each method, while both connectors run a round
-//! of operations: a read, a write, a write dropped mid-flight (its transfer
-//! delayed), idle peers unloaded. Whatever panics where, afterwards
+//! of operations: a read (its transfer delayed), a write, a write dropped
+//! mid-flight (its transfer delayed), idle peers unloaded. Whatever panics where, afterwards
 //! - both connectors still serve a read and a write, bytes checked;
 //! - nothing hangs (every wait is bounded);
 //! - no memory is freed while a transfer may touch it: `cargo xtask test` runs
@@ -70,9 +70,11 @@ fn attempt<T>(f: impl FnOnce() -> T) -> Option<T> {
 /// One round of everything a connector does; any step may panic.
 fn round(server: &Side, client: &Side, seed: u64) {
     const N: usize = 4096;
-    // Readable -> read.
+    // Readable -> read, its transfer delayed: the engine polls it (a
+    // transfer that ends inside `post` is never polled).
     attempt(|| {
         let readable = server.connector.create_readable(filled(seed, N)).unwrap();
+        client.faults.delay_next_transfer(Duration::from_millis(5));
         let read = client
             .connector
             .begin_read(readable.metadata(), zeroed_one(N))

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use descriptor_core::{
     Device, DeviceKind, Error, EventHook, Exposure, ExposureId, Notification, OperationKind,
-    RegionId, RegistrationBackend, Release, Result, Segment, SharedCause, Side, TransferId,
+    Posted, RegionId, RegistrationBackend, Release, Result, Segment, SharedCause, Side, TransferId,
     TransferRequest, TransferState,
 };
 use nixl_sys::{
@@ -501,7 +501,7 @@ impl RegistrationBackend for NixlBackend {
             .map_err(|e| nixl_error(format!("unload peer {peer:?}"), e))
     }
 
-    unsafe fn post(&self, request: &TransferRequest<'_>) -> Result<TransferId> {
+    unsafe fn post(&self, request: &TransferRequest<'_>) -> Result<Posted> {
         let (op, verb) = match request.op {
             OperationKind::Read => (XferOp::Read, "READ"),
             OperationKind::Write => (XferOp::Write, "WRITE"),
@@ -547,6 +547,8 @@ impl RegistrationBackend for NixlBackend {
             ),
         };
         let id = self.id();
+        // A failed post is reported once NIXL says the request is idle.
+        let state = finished.clone().unwrap_or(TransferState::InProgress);
         let running = finished.is_none();
         lock(&self.live.transfers).insert(
             id,
@@ -560,7 +562,10 @@ impl RegistrationBackend for NixlBackend {
         if running {
             self.live.kick(0);
         }
-        Ok(TransferId(id))
+        Ok(Posted {
+            id: TransferId(id),
+            state,
+        })
     }
 
     fn poll(&self, transfer: TransferId) -> TransferState {

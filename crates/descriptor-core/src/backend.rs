@@ -106,6 +106,29 @@ impl TransferRequest<'_> {
     }
 }
 
+/// A transfer [`RegistrationBackend::post`] started, and what `post` knew of it.
+#[derive(Debug, Clone)]
+pub struct Posted {
+    /// The transfer, for [`poll`](RegistrationBackend::poll) and
+    /// [`release`](RegistrationBackend::release).
+    pub id: TransferId,
+    /// Its state as `post` returns: `Done` or `Failed` if it ended inside
+    /// `post`, `InProgress` otherwise (always a correct answer: the connector
+    /// then polls). The connector does not poll a transfer `post` said ended;
+    /// it releases it at once.
+    pub state: TransferState,
+}
+
+impl Posted {
+    /// A transfer still running when `post` returns.
+    pub fn running(id: TransferId) -> Posted {
+        Posted {
+            id,
+            state: TransferState::InProgress,
+        }
+    }
+}
+
 /// State of a posted transfer.
 #[derive(Debug, Clone)]
 pub enum TransferState {
@@ -277,7 +300,7 @@ pub trait RegistrationBackend: Send + Sync + 'static {
     /// untouched by anything else until [`release`](Self::release) returns
     /// [`Release::LetGo`] for the returned transfer. On `Err` no transfer was
     /// started.
-    unsafe fn post(&self, request: &TransferRequest<'_>) -> Result<TransferId>;
+    unsafe fn post(&self, request: &TransferRequest<'_>) -> Result<Posted>;
 
     /// Reports a posted transfer's state.
     fn poll(&self, transfer: TransferId) -> TransferState;
@@ -356,7 +379,7 @@ impl<B: RegistrationBackend + ?Sized> RegistrationBackend for Box<B> {
     fn peer_name(&self, agent_metadata: &[u8]) -> Option<String> {
         (**self).peer_name(agent_metadata)
     }
-    unsafe fn post(&self, request: &TransferRequest<'_>) -> Result<TransferId> {
+    unsafe fn post(&self, request: &TransferRequest<'_>) -> Result<Posted> {
         // SAFETY: our caller's contract is the boxed backend's.
         unsafe { (**self).post(request) }
     }

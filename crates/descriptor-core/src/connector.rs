@@ -321,7 +321,7 @@ impl Connector {
         let bytes = request.bytes();
         let span = tracing::debug_span!("post", connector = %self.inner.name, peer = %lease.peer(), ?op, bytes);
         let _entered = span.enter();
-        // A backend that panics in `post` (or in the `poll` and `release` that
+        // A backend that panics in `post` (or in the `release` that
         // `OpShared::posted` makes) may have started the transfer: the `Held`
         // then leaks the memory instead of freeing it.
         let local = Held::new(local);
@@ -331,8 +331,8 @@ impl Connector {
         // after `release` answered `Release::LetGo` (`state::released`, called
         // at post time or when the transfer is settled). If `post` fails, no
         // transfer exists and they are freed normally.
-        let transfer = match unsafe { self.inner.backend.post(&request) } {
-            Ok(transfer) => transfer,
+        let posted = match unsafe { self.inner.backend.post(&request) } {
+            Ok(posted) => posted,
             Err(e) => {
                 drop(local.release());
                 return Err(e);
@@ -345,7 +345,7 @@ impl Connector {
                 passive: false,
             },
             bytes,
-            transfer,
+            posted,
             lease,
         );
         let core = OperationCore::new(Arc::clone(&shared), local, self.clone(), None);

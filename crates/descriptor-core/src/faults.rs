@@ -28,8 +28,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
 use crate::backend::{
-    EventHook, Exposure, ExposureId, Notification, RegionId, RegistrationBackend, Release, Segment,
-    TransferId, TransferRequest, TransferState,
+    EventHook, Exposure, ExposureId, Notification, Posted, RegionId, RegistrationBackend, Release,
+    Segment, TransferId, TransferRequest, TransferState,
 };
 use crate::error::{Cause, Error, Result, SharedCause};
 use crate::metadata::OperationKind;
@@ -374,7 +374,7 @@ impl<B: RegistrationBackend> Shared<B> {
         // and afterwards only once the inner backend let go.
         let posted = unsafe { self.inner.post(&request) };
         let entry = match posted {
-            Ok(inner) => Entry::Posted(inner),
+            Ok(inner) => Entry::Posted(inner.id),
             Err(error) => Entry::Failed(Arc::new(error)),
         };
         lock(&self.state).transfers.insert(id.0, entry);
@@ -447,7 +447,7 @@ impl<B: RegistrationBackend> RegistrationBackend for Faulty<B> {
         self.shared.inner.peer_name(agent_metadata)
     }
 
-    unsafe fn post(&self, request: &TransferRequest<'_>) -> Result<TransferId> {
+    unsafe fn post(&self, request: &TransferRequest<'_>) -> Result<Posted> {
         let armed = {
             let mut state = lock(&self.shared.state);
             if state.vanished {
@@ -463,7 +463,11 @@ impl<B: RegistrationBackend> RegistrationBackend for Faulty<B> {
         if let Some(reason) = armed.fail {
             tracing::debug!(agent = self.agent_name(), "injected transfer failure");
             let mut state = lock(&self.shared.state);
-            return Ok(Shared::<B>::insert(&mut state, Entry::Failed(reason)));
+            let id = Shared::<B>::insert(&mut state, Entry::Failed(Arc::clone(&reason)));
+            return Ok(Posted {
+                id,
+                state: TransferState::Failed(reason),
+            });
         }
         let Some(hold) = armed.hold else {
             // SAFETY: our caller's contract is the inner backend's, and `release`
@@ -471,7 +475,12 @@ impl<B: RegistrationBackend> RegistrationBackend for Faulty<B> {
             let inner = unsafe { self.shared.inner.post(request) }?;
             let mut state = lock(&self.shared.state);
             state.posted += 1;
-            return Ok(Shared::<B>::insert(&mut state, Entry::Posted(inner)));
+            let id = Shared::<B>::insert(&mut state, Entry::Posted(inner.id));
+            // What the inner backend knew at post holds for ours.
+            return Ok(Posted {
+                id,
+                state: inner.state,
+            });
         };
         let held = HeldRequest {
             op: request.op,
@@ -495,7 +504,7 @@ impl<B: RegistrationBackend> RegistrationBackend for Faulty<B> {
             lock(&self.shared.state).transfers.remove(&id.0);
             return Err(Error::backend(NAME, "delay a transfer", error));
         }
-        Ok(id)
+        Ok(Posted::running(id))
     }
 
     fn poll(&self, transfer: TransferId) -> TransferState {

@@ -71,8 +71,8 @@ pub mod conformance;
 pub mod faults;
 
 pub use backend::{
-    EventHook, Exposure, ExposureId, Notification, RegionId, RegistrationBackend, Release, Segment,
-    TransferId, TransferRequest, TransferState,
+    EventHook, Exposure, ExposureId, Notification, Posted, RegionId, RegistrationBackend, Release,
+    Segment, TransferId, TransferRequest, TransferState,
 };
 pub use buffer::{MemoryBuffer, RawMemory};
 pub use connector::{Connector, ConnectorBuilder};

@@ -19,8 +19,8 @@ use std::sync::{Arc, Mutex};
 use crate::sync::{AtomicBool, AtomicUsize, Ordering};
 
 use crate::backend::{
-    EventHook, Exposure, ExposureId, Notification, RegionId, RegistrationBackend, Release, Segment,
-    TransferId, TransferRequest, TransferState,
+    EventHook, Exposure, ExposureId, Notification, Posted, RegionId, RegistrationBackend, Release,
+    Segment, TransferId, TransferRequest, TransferState,
 };
 use crate::descriptor::Descriptor;
 use crate::device::Device;
@@ -154,6 +154,16 @@ impl Scripted {
         (descriptor, freed)
     }
 
+    /// The scripted state of a transfer, counting down `polls_before_done`.
+    fn answer(&self) -> TransferState {
+        let pending = self.polls_before_done.load(Ordering::SeqCst);
+        if pending > 0 {
+            self.polls_before_done.store(pending - 1, Ordering::SeqCst);
+            return TransferState::InProgress;
+        }
+        self.poll.lock().unwrap().clone()
+    }
+
     fn id(&self) -> u64 {
         self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     }
@@ -235,9 +245,14 @@ impl RegistrationBackend for Scripted {
         Ok(())
     }
 
-    unsafe fn post(&self, _request: &TransferRequest<'_>) -> Result<TransferId> {
+    unsafe fn post(&self, _request: &TransferRequest<'_>) -> Result<Posted> {
         self.live_transfers.fetch_add(1, Ordering::SeqCst);
-        Ok(TransferId(self.id()))
+        // What a poll would answer now: a scripted end set before the post is
+        // an end inside `post`.
+        Ok(Posted {
+            id: TransferId(self.id()),
+            state: self.answer(),
+        })
     }
 
     fn poll(&self, _transfer: TransferId) -> TransferState {
@@ -245,12 +260,7 @@ impl RegistrationBackend for Scripted {
         if self.poll_panics.load(Ordering::SeqCst) {
             panic!("scripted: poll panicked");
         }
-        let pending = self.polls_before_done.load(Ordering::SeqCst);
-        if pending > 0 {
-            self.polls_before_done.store(pending - 1, Ordering::SeqCst);
-            return TransferState::InProgress;
-        }
-        self.poll.lock().unwrap().clone()
+        self.answer()
     }
 
     fn release(&self, _transfer: TransferId) -> Result<Release> {

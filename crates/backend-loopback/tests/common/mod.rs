@@ -8,7 +8,7 @@ use std::sync::Arc;
 use backend_loopback::{Fabric, LoopbackBackend};
 use descriptor_core::faults::{Faults, Faulty};
 use descriptor_core::{
-    Connector, EventHook, Exposure, ExposureId, Notification, OperationKind, RegionId,
+    Connector, EventHook, Exposure, ExposureId, Notification, OperationKind, Posted, RegionId,
     RegistrationBackend, Release, Result, Segment, TransferId, TransferRequest, TransferState,
 };
 
@@ -121,7 +121,7 @@ impl RegistrationBackend for Hooked {
         self.call(Call::UnloadRemote);
         self.inner.unload_remote(peer)
     }
-    unsafe fn post(&self, request: &TransferRequest<'_>) -> Result<TransferId> {
+    unsafe fn post(&self, request: &TransferRequest<'_>) -> Result<Posted> {
         self.call(Call::Post);
         // SAFETY: our caller's contract is the inner backend's.
         unsafe { self.inner.post(request) }

@@ -31,7 +31,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use super::held::Held;
-use crate::backend::{ExposureId, RegistrationBackend, Release, TransferId, TransferState};
+use crate::backend::{ExposureId, Posted, RegistrationBackend, Release, TransferId, TransferState};
 use crate::error::{Cause, Error, Result, SharedCause};
 use crate::metadata::OperationKind;
 use crate::remote::RemoteLease;
@@ -291,22 +291,23 @@ impl OpShared {
         })
     }
 
-    /// An active operation whose transfer `id` was just posted; true if the
-    /// engine must still drive it.
+    /// An active operation whose transfer was just posted, in the state
+    /// `post` reported; true if the engine must still drive it.
     ///
     /// Small transfers often end inside `post` (the loopback's always do):
     /// such an operation starts decided and settled, as `drive` would leave
-    /// it, without the lock round trips and wake-ups of deciding it later.
-    /// Nobody else can see the operation yet, so there is nothing to race.
-    /// If the backend panics here, the caller's [`Held`] leaks the memory.
+    /// it, without a poll, nor the lock round trips and wake-ups of deciding
+    /// it later. Nobody else can see the operation yet, so there is nothing
+    /// to race. If the backend panics here, the caller's [`Held`] leaks the
+    /// memory.
     pub(crate) fn posted(
         backend: Arc<dyn RegistrationBackend>,
         role: Role,
         bytes: usize,
-        id: TransferId,
+        Posted { id, state }: Posted,
         lease: RemoteLease,
     ) -> (Arc<OpShared>, bool) {
-        let reason = match backend.poll(id) {
+        let reason = match state {
             TransferState::InProgress => {
                 let pending = Pending::Transfer(id);
                 let state = OpState::new(OperationStatus::InProgress, pending, Some(lease));
