@@ -1,7 +1,8 @@
 //! Panic injection: a wrapper over the loopback backend panics in one trait
 //! method (once), in turn for each method, while both connectors run a round
 //! of operations: a read (its transfer delayed), a write, a write dropped
-//! mid-flight (its transfer delayed), idle peers unloaded. Whatever panics where, afterwards
+//! mid-flight (its transfer delayed), idle peers unloaded. Whatever panics
+//! where, afterwards
 //! - both connectors still serve a read and a write, bytes checked;
 //! - nothing hangs (every wait is bounded);
 //! - no memory is freed while a transfer may touch it: `cargo xtask test` runs

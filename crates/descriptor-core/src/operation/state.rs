@@ -296,7 +296,7 @@ impl OpShared {
     ///
     /// Small transfers often end inside `post` (the loopback's always do):
     /// such an operation starts decided and settled, as `drive` would leave
-    /// it, without a poll, nor the lock round trips and wake-ups of deciding
+    /// it, without a poll or the lock round trips and wake-ups of deciding
     /// it later. Nobody else can see the operation yet, so there is nothing
     /// to race. If the backend panics here, the caller's [`Held`] leaks the
     /// memory.
