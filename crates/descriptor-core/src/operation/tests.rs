@@ -120,15 +120,26 @@ fn a_draining_transfer_hands_its_memory_back_once_released() {
     assert!(!backend.freed_early());
 }
 
+/// A read of a tracked 64-byte buffer whose transfer `post` reports ended in
+/// `state`, `release` then answering `releases` in turn: the backend, its
+/// connector (kept alive), the read, and the count of frees of the buffer.
+type EndedAtPost = (Arc<Scripted>, Connector, ReadOperation, Arc<AtomicUsize>);
+
+fn read_ended_at_post(state: TransferState, releases: &[Script]) -> EndedAtPost {
+    let backend = Arc::new(Scripted::new(true, false));
+    backend.set_poll(state);
+    backend.script_releases(releases);
+    let c = connector(&backend);
+    let (local, freed) = backend.tracked(64);
+    let read = c.begin_read(&remote(64), vec![local]).unwrap();
+    (backend, c, read, freed)
+}
+
 /// A transfer that ended inside `post` starts settled: released at once, its
 /// memory back with no engine pass.
 #[test]
 fn a_transfer_done_at_post_hands_its_memory_back_at_once() {
-    let backend = Arc::new(Scripted::new(true, false));
-    backend.set_poll(TransferState::Done);
-    let c = connector(&backend);
-    let (local, freed) = backend.tracked(64);
-    let read = c.begin_read(&remote(64), vec![local]).unwrap();
+    let (backend, _c, read, freed) = read_ended_at_post(TransferState::Done, &[]);
     assert_eq!(read.status(), OperationStatus::Complete);
     assert_eq!(read.core.shared.pending(), Pending::Nothing);
     assert_eq!(backend.live_transfers.load(Ordering::SeqCst), 0);
@@ -145,12 +156,8 @@ fn a_transfer_done_at_post_hands_its_memory_back_at_once() {
 /// the backend lets go.
 #[test]
 fn a_transfer_done_at_post_but_still_held_is_drained_before_its_memory_returns() {
-    let backend = Arc::new(Scripted::new(true, false));
-    backend.set_poll(TransferState::Done);
-    backend.script_releases(&[Script::Busy, Script::Busy]);
-    let c = connector(&backend);
-    let (local, freed) = backend.tracked(64);
-    let read = c.begin_read(&remote(64), vec![local]).unwrap();
+    let (backend, _c, read, freed) =
+        read_ended_at_post(TransferState::Done, &[Script::Busy, Script::Busy]);
     assert_eq!(read.status(), OperationStatus::Complete);
     read.wait().unwrap();
     let back = handed_back(read, || assert_eq!(freed.load(Ordering::SeqCst), 0));
@@ -163,12 +170,7 @@ fn a_transfer_done_at_post_but_still_held_is_drained_before_its_memory_returns()
 /// Ended inside `post`, then lost by the backend: complete, and leaked.
 #[test]
 fn a_transfer_done_at_post_that_the_backend_lost_is_leaked() {
-    let backend = Arc::new(Scripted::new(true, false));
-    backend.set_poll(TransferState::Done);
-    backend.script_releases(&[Script::Lost]);
-    let c = connector(&backend);
-    let (local, freed) = backend.tracked(64);
-    let read = c.begin_read(&remote(64), vec![local]).unwrap();
+    let (_backend, c, read, freed) = read_ended_at_post(TransferState::Done, &[Script::Lost]);
     assert_eq!(read.status(), OperationStatus::Complete);
     assert_eq!(read.core.shared.pending(), Pending::Leaked);
     read.wait().unwrap();
@@ -182,11 +184,8 @@ fn a_transfer_done_at_post_that_the_backend_lost_is_leaked() {
 /// memory comes back.
 #[test]
 fn a_transfer_failed_at_post_reports_why_and_hands_its_memory_back() {
-    let backend = Arc::new(Scripted::new(true, false));
-    backend.set_poll(TransferState::failed("scripted: the wire broke"));
-    let c = connector(&backend);
-    let (local, freed) = backend.tracked(64);
-    let read = c.begin_read(&remote(64), vec![local]).unwrap();
+    let (backend, _c, read, freed) =
+        read_ended_at_post(TransferState::failed("scripted: the wire broke"), &[]);
     assert_eq!(read.status(), OperationStatus::Errored);
     let error = read.wait().unwrap_err();
     assert!(error.to_string().contains("the wire broke"), "{error}");
