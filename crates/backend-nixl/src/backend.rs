@@ -559,6 +559,12 @@ impl RegistrationBackend for NixlBackend {
                 post_error,
             },
         );
+        // The watcher must poll every transfer from its post, even one a
+        // waiter is about to poll itself: NIXL moves a transfer on to its
+        // notification only when its status is asked. Waking the watcher
+        // only once somebody waited (tried, to spare the post a wake-up) left
+        // the peer's passive operation waiting (still after 300 ms) for as
+        // long as the initiator did not look at its own.
         if running {
             self.live.kick(0);
         }
