@@ -563,8 +563,8 @@ impl RegistrationBackend for NixlBackend {
         // waiter is about to poll itself: NIXL moves a transfer on to its
         // notification only when its status is asked. Waking the watcher
         // only once somebody waited (tried, to spare the post a wake-up) left
-        // the peer's passive operation waiting (still after 300 ms) for as
-        // long as the initiator did not look at its own.
+        // the peer's passive operation waiting for as long as the initiator
+        // did not look at its own (or until the engine's 100 ms safety poll).
         if running {
             self.live.kick(0);
         }
