@@ -17,7 +17,7 @@
 //! progress thread's (event-driven with a delay): with it the agent also
 //! serves peers when it has nothing in flight itself.
 //!
-//! Measured on the 2-core test machine (README, "Performance"): spinning on
+//! Measured on the 2-core test machine (docs/performance.md): spinning on
 //! the *target* side after an exposure lowered the initiator's cross-process
 //! 4 KiB p50 by ~10 µs (the target's polls progress it sooner than NIXL's
 //! thread wakes); a longer spin window (300 µs, 1 ms) or a waiter that only

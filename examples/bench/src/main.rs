@@ -214,7 +214,7 @@ fn sweep(
             // leaves the caches (and its threads) in its own state. In a fixed
             // order a raw baseline's twin, running right after it, measured
             // 1.06-1.40 x as fast as the raw baseline, which ran right after
-            // our NIXL mover; shuffled, 0.97-1.06 x (README, "Performance").
+            // our NIXL mover; shuffled, 0.97-1.06 x (docs/performance.md).
             let mut order: Vec<usize> = (0..movers.len()).collect();
             let mut shuffle = Shuffle::new(block as u64 ^ blocks as u64);
             for _ in 0..iters {
