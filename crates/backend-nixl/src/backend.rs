@@ -549,7 +549,6 @@ impl RegistrationBackend for NixlBackend {
         let id = self.id();
         // A failed post is reported once NIXL says the request is idle.
         let state = finished.clone().unwrap_or(TransferState::InProgress);
-        let running = finished.is_none();
         lock(&self.live.transfers).insert(
             id,
             Transfer {
@@ -565,7 +564,7 @@ impl RegistrationBackend for NixlBackend {
         // only once somebody waited (tried, to spare the post a wake-up) left
         // the peer's passive operation waiting for as long as the initiator
         // did not look at its own (or until the engine's 100 ms safety poll).
-        if running {
+        if matches!(state, TransferState::InProgress) {
             self.live.kick(0);
         }
         Ok(Posted {
