@@ -93,8 +93,8 @@ fn sizes(quick: bool) -> Vec<(usize, usize)> {
     out
 }
 
-/// Timed rounds of one size in each of `runs` sweeps: together about what one
-/// sweep took before, but at least a few per sweep.
+/// Transfers of one size timed per mover in each of `runs` sweeps: together
+/// about what one sweep took before, but at least a few per sweep.
 fn iterations(total: usize, quick: bool, runs: usize) -> usize {
     let budget = if quick { 48 * MIB } else { 256 * MIB };
     let (least, most) = if quick { (5, 300) } else { (9, 1000) };
@@ -141,9 +141,10 @@ impl Latencies {
     }
 }
 
-/// Every size, `runs` times over: within a sweep the movers take turns round
-/// by round, in a shuffled order, so noise hits all alike; each row then
-/// reports the median of its sweeps (p50, p99), with each sweep's p50 kept.
+/// Every size, `runs` times over: within a sweep the movers take turns
+/// ([`take_turn`]) round by round, in a shuffled order, so noise hits all
+/// alike; each row then reports the median of its sweeps (p50, p99), with
+/// each sweep's p50 kept.
 fn bandwidth(
     movers: &mut [Box<dyn Mover>],
     quick: bool,
@@ -180,7 +181,7 @@ fn bandwidth(
     Ok(rows)
 }
 
-/// One sweep: every size, the movers interleaved round by round, each round
+/// One sweep: every size, the movers taking turns round by round, each round
 /// in a new order.
 fn sweep(
     movers: &mut [Box<dyn Mover>],
@@ -209,18 +210,14 @@ fn sweep(
                     ));
                 }
             }
-            // Each round takes the movers in a new order (shuffled, the same
-            // every run). Which mover runs just before another matters: it
-            // leaves the caches (and its threads) in its own state. In a fixed
-            // order a raw baseline's twin, running right after it, measured
-            // 1.06-1.40 x as fast as the raw baseline, which ran right after
-            // our NIXL mover; shuffled, 0.97-1.06 x (docs/performance.md).
+            // Each round gives every mover a turn, in a new order (shuffled,
+            // the same every run), so drift in the machine hits all alike.
             let mut order: Vec<usize> = (0..movers.len()).collect();
             let mut shuffle = Shuffle::new(block as u64 ^ blocks as u64);
-            for _ in 0..iters {
+            for turn in turns(iters) {
                 shuffle.permute(&mut order);
                 for &i in &order {
-                    samples[i].record(movers[i].run(op)?)?;
+                    take_turn(&mut *movers[i], op, turn, &mut samples[i])?;
                 }
             }
             for (m, s) in movers.iter().zip(samples) {
@@ -243,6 +240,51 @@ fn sweep(
         }
     }
     Ok(rows)
+}
+
+/// Most transfers timed in one turn of a mover.
+const TURN: usize = 5;
+/// Fewest rounds a sweep splits a size's transfers into, so that drift in
+/// the machine still hits every mover alike.
+const ROUNDS: usize = 5;
+/// Transfers a mover makes untimed at the start of each turn.
+const WARM_UP: usize = 3;
+/// Quiet time before each turn.
+const SETTLE: Duration = Duration::from_millis(2);
+
+/// How many transfers each round's turns time: `iters` in all, at most
+/// [`TURN`] at a time, in at least [`ROUNDS`] rounds where there are that
+/// many transfers.
+fn turns(iters: usize) -> impl Iterator<Item = usize> {
+    let turn = (iters / ROUNDS).clamp(1, TURN);
+    (0..iters)
+        .step_by(turn)
+        .map(move |done| (iters - done).min(turn))
+}
+
+/// One mover's turn: the machine left quiet for [`SETTLE`], [`WARM_UP`]
+/// transfers untimed, then `timed` transfers back to back, recorded.
+///
+/// So every mover is timed in its own steady state, as a stream of transfers
+/// would see it, not in the wake of another mover. Each leaves threads
+/// behind for a while: NIXL's, and this library's watcher, which spins up
+/// to 100 µs after an event. Measured with both raw baselines' identical
+/// twins (10 runs each way, 4 KiB, 64 KiB, 4 KiB x 16, 1 MiB): taking turns
+/// transfer by transfer, a cross-process twin measured 0.60-1.65 x its
+/// baseline in single rows, under 0.9 in 29 of 80; by turns of five, it
+/// measured 0.86-1.37 x, under 0.9 in 2 of 80 (turns of ten: 5 of 80).
+/// After the quiet time, the first transfer of a cross-process 4 KiB turn
+/// took ~100 µs, the second 40-55 µs, the third about the steady state
+/// (docs/performance.md).
+fn take_turn(mover: &mut dyn Mover, op: Op, timed: usize, samples: &mut Latencies) -> Res<()> {
+    std::thread::sleep(SETTLE);
+    for _ in 0..WARM_UP {
+        mover.run(op)?;
+    }
+    for _ in 0..timed {
+        samples.record(mover.run(op)?)?;
+    }
+    Ok(())
 }
 
 /// A fixed-seed xorshift generator: reproducible shuffles, no dependency.
@@ -410,6 +452,51 @@ mod tests {
         // Large ones keep the floor in every sweep.
         assert_eq!(iterations(16 * MIB, true, 3), 5);
         assert_eq!(iterations(64 * MIB, false, 3), 9);
+    }
+
+    #[test]
+    fn turns_time_every_transfer_five_at_most_in_five_rounds_at_least() {
+        assert_eq!(turns(100).collect::<Vec<_>>(), [5; 20]);
+        assert_eq!(turns(30).collect::<Vec<_>>(), [5; 6]);
+        assert_eq!(turns(12).collect::<Vec<_>>(), [2; 6]);
+        assert_eq!(turns(16).collect::<Vec<_>>(), [3, 3, 3, 3, 3, 1]);
+        assert_eq!(turns(5).collect::<Vec<_>>(), [1; 5]);
+        assert_eq!(turns(3).collect::<Vec<_>>(), [1; 3]);
+        assert_eq!(turns(0).count(), 0);
+    }
+
+    /// Reports its calls, counted from one, as that many microseconds.
+    struct Counting(u64);
+
+    impl Mover for Counting {
+        fn name(&self) -> &'static str {
+            "counting"
+        }
+        fn prepare(&mut self, _op: Op, _block: usize, _blocks: usize) -> Res<()> {
+            Ok(())
+        }
+        fn run(&mut self, _op: Op) -> Res<Duration> {
+            self.0 += 1;
+            Ok(Duration::from_micros(self.0))
+        }
+        fn verify(&self, _op: Op) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn a_turn_times_only_the_transfers_after_its_warm_up() {
+        let mut mover = Counting(0);
+        let mut samples = Latencies::new().unwrap();
+        take_turn(&mut mover, Op::Read, 6, &mut samples).unwrap();
+        take_turn(&mut mover, Op::Read, 4, &mut samples).unwrap();
+        assert_eq!(mover.0 as usize, 2 * WARM_UP + 10);
+        assert_eq!(samples.len(), 10);
+        // The first turn timed calls 4-9, the second 13-16: six samples up
+        // to 9 µs, the seventh at 13.
+        let at = |q| samples.us(q).round() as usize;
+        assert_eq!(WARM_UP, 3);
+        assert_eq!([at(0.0), at(0.6), at(0.61), at(1.0)], [4, 9, 13, 16]);
     }
 
     #[test]
