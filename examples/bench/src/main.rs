@@ -1,6 +1,7 @@
 //! `cargo xtask bench [--quick]`: memcpy, the loopback and NIXL backends through
 //! the public API, and the same transfer written directly against nixl-sys,
-//! measured interleaved in one process so machine noise hits all alike.
+//! taking turns in one run so machine noise hits all alike, each timed in its
+//! own steady state ([`take_turn`]).
 //! Writes a table to stdout, `report.json` and `bandwidth.svg` to `--out`.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
