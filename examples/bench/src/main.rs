@@ -34,7 +34,8 @@ mod flags {
             optional --quick
             /// Where report.json and bandwidth.svg go (default target/bench).
             optional --out dir: PathBuf
-            /// Run as the passive side of the cross-process rows: api or raw.
+            /// Run as the passive side of the cross-process rows: api,
+            /// api-no-thread or raw.
             optional --peer kind: String
             /// Only these sizes, and no extras: BYTESxCOUNT[,...] (4096x1,65536x16).
             optional --sizes list: Sizes
@@ -46,7 +47,9 @@ mod flags {
             /// Only these movers, and no extras: NAME[,...] (memcpy, loopback,
             /// nixl, nixl-sys-raw, nixl-xproc, nixl-sys-raw-xproc; and, never by
             /// default, nixl-sys-raw-twin and nixl-sys-raw-xproc-twin: a second
-            /// raw baseline, whose ratio to the first is the bench's own noise).
+            /// raw baseline, whose ratio to the first is the bench's own noise;
+            /// nixl-no-thread and nixl-xproc-no-thread: ours without NIXL's
+            /// progress threads, as raw runs in process).
             optional --movers list: String
             /// Sweeps of every size, each interleaved on its own; a row reports
             /// the median of the sweeps (default 3).
@@ -326,16 +329,22 @@ impl Shuffle {
 fn all_movers(only: Option<&str>) -> Res<Vec<Box<dyn Mover>>> {
     type Make = fn() -> Res<Box<dyn Mover>>;
     // (name, in the default set, maker)
-    let all: [(&str, bool, Make); 8] = [
+    let all: [(&str, bool, Make); 10] = [
         ("memcpy", true, || Ok(Box::new(Memcpy::default()))),
         ("loopback", true, || Ok(Box::new(Api::loopback()?))),
         ("nixl", true, || Ok(Box::new(Api::nixl()?))),
+        ("nixl-no-thread", false, || {
+            Ok(Box::new(Api::nixl_without_thread()?))
+        }),
         ("nixl-sys-raw", true, || Ok(Box::new(RawNixl::new()?))),
         ("nixl-sys-raw-twin", false, || {
             Ok(Box::new(Twin::new(RawNixl::new()?, "nixl-sys-raw-twin")))
         }),
         ("nixl-xproc", true, || {
             Ok(Box::new(xproc::XprocApi::new(&[])?))
+        }),
+        ("nixl-xproc-no-thread", false, || {
+            Ok(Box::new(xproc::XprocApi::without_thread()?))
         }),
         ("nixl-sys-raw-xproc", true, || {
             Ok(Box::new(xproc::XprocRaw::new(&[])?))

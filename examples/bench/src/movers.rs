@@ -115,12 +115,24 @@ impl Api {
     }
 
     pub(crate) fn nixl() -> Res<Api> {
-        let make = |n| {
-            NixlBackend::new(n)
+        Api::nixl_with("nixl", true)
+    }
+
+    /// `nixl-no-thread`: both agents without NIXL's progress thread, as the
+    /// in-process raw baseline runs: what that thread costs in process.
+    pub(crate) fn nixl_without_thread() -> Res<Api> {
+        Api::nixl_with("nixl-no-thread", false)
+    }
+
+    fn nixl_with(name: &'static str, progress_thread: bool) -> Res<Api> {
+        let make = |n: &str| {
+            NixlBackend::builder(&format!("{name}-{n}"))
+                .progress_thread(progress_thread)
+                .build()
                 .map(Connector::new)
                 .map_err(|e| e.to_string())
         };
-        Ok(Api::new("nixl", make("api-passive")?, make("api-active")?))
+        Ok(Api::new(name, make("passive")?, make("active")?))
     }
 
     fn new(name: &'static str, passive: Connector, active: Connector) -> Api {

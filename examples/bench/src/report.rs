@@ -124,6 +124,7 @@ pub(crate) fn print(rows: &[Row], extras: &Extras) {
         );
     }
     print_twins(rows);
+    print_no_thread(rows);
     println!("\n== other measurements ==");
     for (name, value, unit) in &extras.items {
         println!("  {name:<72} {value:>12.2} {unit}");
@@ -138,37 +139,70 @@ pub(crate) fn print(rows: &[Row], extras: &Extras) {
 /// instance of it in the same run. Two runs of one program differ by this
 /// much, so a ratio of ours to raw means no more than that.
 fn print_twins(rows: &[Row]) {
-    let pairs = [
-        ("nixl-sys-raw-twin", "nixl-sys-raw"),
-        ("nixl-sys-raw-xproc-twin", "nixl-sys-raw-xproc"),
-    ];
-    if !rows
-        .iter()
-        .any(|r| pairs.iter().any(|(twin, _)| r.backend == *twin))
-    {
+    print_pairs(
+        rows,
+        "noise: each raw baseline's twin against it (GB/s ratio)",
+        &[
+            ("in-process", "nixl-sys-raw-twin", "nixl-sys-raw"),
+            ("xproc", "nixl-sys-raw-xproc-twin", "nixl-sys-raw-xproc"),
+        ],
+    );
+}
+
+/// With `--movers nixl-no-thread,...` or `nixl-xproc-no-thread,...`: ours
+/// without NIXL's progress threads (as raw runs in process), against raw and
+/// against the default.
+fn print_no_thread(rows: &[Row]) {
+    for (title, mover, raw, default) in [
+        (
+            "nixl in process without NIXL's progress threads (GB/s ratio)",
+            "nixl-no-thread",
+            "nixl-sys-raw",
+            "nixl",
+        ),
+        (
+            "nixl across processes without NIXL's progress threads (GB/s ratio)",
+            "nixl-xproc-no-thread",
+            "nixl-sys-raw-xproc",
+            "nixl-xproc",
+        ),
+    ] {
+        print_pairs(
+            rows,
+            title,
+            &[("x raw", mover, raw), ("x default", mover, default)],
+        );
+    }
+}
+
+/// A table of GB/s ratios, one column per (header, mover, base), printed
+/// only if the run has the first column's mover.
+fn print_pairs(rows: &[Row], title: &str, columns: &[(&str, &str, &str)]) {
+    let Some((_, first, _)) = columns.first() else {
+        return;
+    };
+    if !rows.iter().any(|r| r.backend == *first) {
         return;
     }
-    println!("\n== noise: each raw baseline's twin against it (GB/s ratio) ==");
-    println!(
-        "{:<6} {:>8} {:>5} | {:>10} | {:>10}",
-        "op", "block", "count", "in-process", "xproc"
-    );
+    println!("\n== {title} ==");
+    print!("{:<6} {:>8} {:>5}", "op", "block", "count");
+    for (header, _, _) in columns {
+        print!(" | {header:>10}");
+    }
+    println!();
     for (op, block, blocks) in configs(rows) {
-        let ratio = |(twin, raw): (&str, &str)| match (
-            find(rows, twin, op, block, blocks),
-            find(rows, raw, op, block, blocks),
-        ) {
-            (Some(t), Some(r)) => format!("{:.2}", t.gbps / r.gbps),
-            _ => "-".into(),
-        };
-        println!(
-            "{:<6} {:>8} {:>5} | {:>10} | {:>10}",
-            op,
-            human(block),
-            blocks,
-            ratio(pairs[0]),
-            ratio(pairs[1])
-        );
+        print!("{:<6} {:>8} {:>5}", op, human(block), blocks);
+        for (_, mover, base) in columns {
+            let ratio = match (
+                find(rows, mover, op, block, blocks),
+                find(rows, base, op, block, blocks),
+            ) {
+                (Some(m), Some(b)) => format!("{:.2}", m.gbps / b.gbps),
+                _ => "-".into(),
+            };
+            print!(" | {ratio:>10}");
+        }
+        println!();
     }
 }
 

@@ -1,8 +1,10 @@
 //! Cross-process rows: the passive side runs in a child process (this bench
-//! binary again, `--peer api|raw`), as in a real deployment, where the
+//! binary again, `--peer api|api-no-thread|raw`), as in a real deployment, where the
 //! initiator cannot drive the target's progress.
 //!
 //! - `nixl-xproc`: our API on both sides (NIXL backend, defaults).
+//! - `nixl-xproc-no-thread` (only by name): the same without NIXL's progress
+//!   thread on either side.
 //! - `nixl-sys-raw-xproc`: nixl-sys written as a user would across processes:
 //!   the target with NIXL's progress thread (10 ms delay), the metadata loaded
 //!   once, one request built per transfer with the notification attached (the
@@ -118,19 +120,39 @@ impl Drop for Peer {
 
 /// `nixl-xproc`: our API, the passive side in a child process.
 pub(crate) struct XprocApi {
+    name: &'static str,
     peer: RefCell<Peer>,
     active: Connector,
     descs: Vec<Descriptor>,
 }
 
+/// Our agent as the bench's cross-process rows build it, on either side.
+fn api_connector(side: &str, progress_thread: bool) -> Res<Connector> {
+    NixlBackend::builder(&format!("xproc-{side}-{}", std::process::id()))
+        .progress_thread(progress_thread)
+        .build()
+        .map(Connector::new)
+        .map_err(|e| e.to_string())
+}
+
 impl XprocApi {
     pub(crate) fn new(wrap: &[String]) -> Res<XprocApi> {
-        let active = NixlBackend::new(&format!("xproc-active-{}", std::process::id()))
-            .map(Connector::new)
-            .map_err(|e| e.to_string())?;
         Ok(XprocApi {
+            name: "nixl-xproc",
             peer: RefCell::new(Peer::spawn("api", wrap)?),
-            active,
+            active: api_connector("active", true)?,
+            descs: Vec::new(),
+        })
+    }
+
+    /// `nixl-xproc-no-thread`: both sides without NIXL's progress thread,
+    /// each agent progressed only by its watcher: what the default's thread
+    /// is for across processes.
+    pub(crate) fn without_thread() -> Res<XprocApi> {
+        Ok(XprocApi {
+            name: "nixl-xproc-no-thread",
+            peer: RefCell::new(Peer::spawn("api-no-thread", &[])?),
+            active: api_connector("active", false)?,
             descs: Vec::new(),
         })
     }
@@ -138,7 +160,7 @@ impl XprocApi {
 
 impl Mover for XprocApi {
     fn name(&self) -> &'static str {
-        "nixl-xproc"
+        self.name
     }
 
     fn prepare(&mut self, op: Op, block: usize, n: usize) -> Res<()> {
@@ -324,10 +346,8 @@ pub(crate) fn serve(kind: &str) -> Res<()> {
             .map_err(|e| e.to_string())
     };
     match kind {
-        "api" => {
-            let connector = NixlBackend::new(&format!("xproc-peer-{}", std::process::id()))
-                .map(Connector::new)
-                .map_err(|e| e.to_string())?;
+        "api" | "api-no-thread" => {
+            let connector = api_connector("peer", kind == "api")?;
             let mut descs: Vec<Descriptor> = Vec::new();
             for line in stdin.lock().lines() {
                 let line = line.map_err(|e| e.to_string())?;
