@@ -49,7 +49,8 @@ mod flags {
             /// default, nixl-sys-raw-twin and nixl-sys-raw-xproc-twin: a second
             /// raw baseline, whose ratio to the first is the bench's own noise;
             /// nixl-no-thread and nixl-xproc-no-thread: ours without NIXL's
-            /// progress threads, as raw runs in process).
+            /// progress threads, as raw runs in process; nixl-sys-raw-thread:
+            /// raw in process with them, as ours runs by default).
             optional --movers list: String
             /// Sweeps of every size, each interleaved on its own; a row reports
             /// the median of the sweeps (default 3).
@@ -329,7 +330,7 @@ impl Shuffle {
 fn all_movers(only: Option<&str>) -> Res<Vec<Box<dyn Mover>>> {
     type Make = fn() -> Res<Box<dyn Mover>>;
     // (name, in the default set, maker)
-    let all: [(&str, bool, Make); 10] = [
+    let all: [(&str, bool, Make); 11] = [
         ("memcpy", true, || Ok(Box::new(Memcpy::default()))),
         ("loopback", true, || Ok(Box::new(Api::loopback()?))),
         ("nixl", true, || Ok(Box::new(Api::nixl()?))),
@@ -337,6 +338,9 @@ fn all_movers(only: Option<&str>) -> Res<Vec<Box<dyn Mover>>> {
             Ok(Box::new(Api::nixl_without_thread()?))
         }),
         ("nixl-sys-raw", true, || Ok(Box::new(RawNixl::new()?))),
+        ("nixl-sys-raw-thread", false, || {
+            Ok(Box::new(RawNixl::with_progress_threads()?))
+        }),
         ("nixl-sys-raw-twin", false, || {
             Ok(Box::new(Twin::new(RawNixl::new()?, "nixl-sys-raw-twin")))
         }),

@@ -265,8 +265,10 @@ impl NixlDescriptor for Buf {
 
 /// The same transfer written directly against nixl-sys, as well as we can:
 /// metadata loaded once, one request per transfer, polled with a yield, the
-/// passive agent progressed in the same loop (no progress threads, as ours).
+/// passive agent progressed in the same loop, and no progress threads (ours
+/// runs NIXL's in both agents by default; `nixl-sys-raw-thread` runs them).
 pub(crate) struct RawNixl {
+    name: &'static str,
     active: Agent,
     passive: Agent,
     peer: String,
@@ -282,9 +284,20 @@ pub(crate) fn nixl(context: &str) -> impl Fn(nixl_sys::NixlError) -> String + '_
 
 impl RawNixl {
     pub(crate) fn new() -> Res<RawNixl> {
+        RawNixl::with("nixl-sys-raw", false)
+    }
+
+    /// `nixl-sys-raw-thread`: both agents with NIXL's progress thread, at
+    /// ours' default delay; the loop still polls the target too.
+    pub(crate) fn with_progress_threads() -> Res<RawNixl> {
+        RawNixl::with("nixl-sys-raw-thread", true)
+    }
+
+    fn with(name: &'static str, progress_thread: bool) -> Res<RawNixl> {
         backend_nixl::runtime::load().map_err(|e| e.to_string())?;
         let config = AgentConfig {
-            enable_prog_thread: false,
+            enable_prog_thread: progress_thread,
+            pthr_delay_us: 100_000,
             thread_sync: nixl_sys::ThreadSync::Strict,
             ..AgentConfig::default()
         };
@@ -295,8 +308,9 @@ impl RawNixl {
             Ok(a)
         };
         Ok(RawNixl {
-            active: agent("raw-active")?,
-            passive: agent("raw-passive")?,
+            name,
+            active: agent(&format!("{name}-active"))?,
+            passive: agent(&format!("{name}-passive"))?,
             peer: String::new(),
             handles: Vec::new(),
             passive_bufs: Vec::new(),
@@ -347,7 +361,7 @@ pub(crate) fn raw_request(
 
 impl Mover for RawNixl {
     fn name(&self) -> &'static str {
-        "nixl-sys-raw"
+        self.name
     }
 
     fn prepare(&mut self, op: Op, block: usize, n: usize) -> Res<()> {

@@ -142,6 +142,7 @@ fn print_twins(rows: &[Row]) {
     print_pairs(
         rows,
         "noise: each raw baseline's twin against it (GB/s ratio)",
+        &["nixl-sys-raw-twin", "nixl-sys-raw-xproc-twin"],
         &[
             ("in-process", "nixl-sys-raw-twin", "nixl-sys-raw"),
             ("xproc", "nixl-sys-raw-xproc-twin", "nixl-sys-raw-xproc"),
@@ -149,39 +150,36 @@ fn print_twins(rows: &[Row]) {
     );
 }
 
-/// With `--movers nixl-no-thread,...` or `nixl-xproc-no-thread,...`: ours
-/// without NIXL's progress threads (as raw runs in process), against raw and
+/// With `--movers nixl-no-thread,...`, `nixl-sys-raw-thread,...` or
+/// `nixl-xproc-no-thread,...`: ours and raw with the same progress threads
+/// (in process raw runs none, ours NIXL's by default), and ours without them
 /// against the default.
 fn print_no_thread(rows: &[Row]) {
-    for (title, mover, raw, default) in [
-        (
-            "nixl in process without NIXL's progress threads (GB/s ratio)",
-            "nixl-no-thread",
-            "nixl-sys-raw",
-            "nixl",
-        ),
-        (
-            "nixl across processes without NIXL's progress threads (GB/s ratio)",
-            "nixl-xproc-no-thread",
-            "nixl-sys-raw-xproc",
-            "nixl-xproc",
-        ),
-    ] {
-        print_pairs(
-            rows,
-            title,
-            &[("x raw", mover, raw), ("x default", mover, default)],
-        );
-    }
+    print_pairs(
+        rows,
+        "in process, NIXL's progress threads alike (GB/s ratio)",
+        &["nixl-no-thread", "nixl-sys-raw-thread"],
+        &[
+            ("none", "nixl-no-thread", "nixl-sys-raw"),
+            ("both", "nixl", "nixl-sys-raw-thread"),
+            ("none x dflt", "nixl-no-thread", "nixl"),
+        ],
+    );
+    print_pairs(
+        rows,
+        "across processes, ours without NIXL's progress threads (GB/s ratio)",
+        &["nixl-xproc-no-thread"],
+        &[
+            ("x raw", "nixl-xproc-no-thread", "nixl-sys-raw-xproc"),
+            ("x default", "nixl-xproc-no-thread", "nixl-xproc"),
+        ],
+    );
 }
 
 /// A table of GB/s ratios, one column per (header, mover, base), printed
-/// only if the run has the first column's mover.
-fn print_pairs(rows: &[Row], title: &str, columns: &[(&str, &str, &str)]) {
-    let Some((_, first, _)) = columns.first() else {
-        return;
-    };
-    if !rows.iter().any(|r| r.backend == *first) {
+/// only if the run has one of the opt-in movers `only_with`.
+fn print_pairs(rows: &[Row], title: &str, only_with: &[&str], columns: &[(&str, &str, &str)]) {
+    if !rows.iter().any(|r| only_with.contains(&r.backend)) {
         return;
     }
     println!("\n== {title} ==");
