@@ -85,8 +85,8 @@ impl NixlBackendBuilder {
     /// Measured on the 2-core test machine (`bench --movers
     /// nixl-no-thread,nixl-xproc-no-thread,...`, docs/performance.md): with
     /// both agents of a pair in one process, turning it off cut a 4 KiB
-    /// transfer's p50 from about 39 µs to 25 µs. Across processes it made
-    /// 64 KiB × 16 and 1 MiB transfers 10-30% slower, because the target
+    /// transfer's p50 from 36-39 µs to 24-26 µs. Across processes it made
+    /// transfers from 4 KiB × 16 to 1 MiB 10-27% slower, because the target
     /// then answers only when its watcher polls: keep it for peers in other
     /// processes.
     pub fn progress_thread(mut self, enabled: bool) -> Self {
