@@ -1,6 +1,6 @@
 //! Cross-process rows: the passive side runs in a child process (this bench
-//! binary again, `--peer api|api-no-thread|raw`), as in a real deployment, where the
-//! initiator cannot drive the target's progress.
+//! binary again, `--peer api|api-no-thread|raw`), as in a real deployment,
+//! where the initiator cannot drive the target's progress.
 //!
 //! - `nixl-xproc`: our API on both sides (NIXL backend, defaults).
 //! - `nixl-xproc-no-thread` (only by name): the same without NIXL's progress
@@ -126,9 +126,10 @@ pub(crate) struct XprocApi {
     descs: Vec<Descriptor>,
 }
 
-/// Our agent as the bench's cross-process rows build it, on either side.
-fn api_connector(side: &str, progress_thread: bool) -> Res<Connector> {
-    NixlBackend::builder(&format!("xproc-{side}-{}", std::process::id()))
+/// Our agent as the bench's cross-process rows build it, on either side
+/// (named after the mover, so two movers in one run have distinct agents).
+fn api_connector(mover: &str, side: &str, progress_thread: bool) -> Res<Connector> {
+    NixlBackend::builder(&format!("{mover}-{side}-{}", std::process::id()))
         .progress_thread(progress_thread)
         .build()
         .map(Connector::new)
@@ -140,7 +141,7 @@ impl XprocApi {
         Ok(XprocApi {
             name: "nixl-xproc",
             peer: RefCell::new(Peer::spawn("api", wrap)?),
-            active: api_connector("active", true)?,
+            active: api_connector("nixl-xproc", "active", true)?,
             descs: Vec::new(),
         })
     }
@@ -152,7 +153,7 @@ impl XprocApi {
         Ok(XprocApi {
             name: "nixl-xproc-no-thread",
             peer: RefCell::new(Peer::spawn("api-no-thread", &[])?),
-            active: api_connector("active", false)?,
+            active: api_connector("nixl-xproc-no-thread", "active", false)?,
             descs: Vec::new(),
         })
     }
@@ -347,7 +348,7 @@ pub(crate) fn serve(kind: &str) -> Res<()> {
     };
     match kind {
         "api" | "api-no-thread" => {
-            let connector = api_connector("peer", kind == "api")?;
+            let connector = api_connector(kind, "peer", kind == "api")?;
             let mut descs: Vec<Descriptor> = Vec::new();
             for line in stdin.lock().lines() {
                 let line = line.map_err(|e| e.to_string())?;
