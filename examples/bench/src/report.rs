@@ -123,8 +123,9 @@ pub(crate) fn print(rows: &[Row], extras: &Extras) {
             wide(raw)
         );
     }
-    print_twins(rows);
-    print_no_thread(rows);
+    for (title, only_with, columns) in RATIO_TABLES {
+        print_pairs(rows, title, only_with, columns);
+    }
     println!("\n== other measurements ==");
     for (name, value, unit) in &extras.items {
         println!("  {name:<72} {value:>12.2} {unit}");
@@ -135,28 +136,30 @@ pub(crate) fn print(rows: &[Row], extras: &Extras) {
     }
 }
 
-/// With `--movers ...-twin`: each raw baseline against its twin, a second
-/// instance of it in the same run. Two runs of one program differ by this
-/// much, so a ratio of ours to raw means no more than that.
-fn print_twins(rows: &[Row]) {
-    print_pairs(
-        rows,
+/// A table of GB/s ratios that opt-in movers add to the report: its title,
+/// the movers whose presence prints it, and its columns (header, mover, base).
+type RatioTable = (
+    &'static str,
+    &'static [&'static str],
+    &'static [(&'static str, &'static str, &'static str)],
+);
+
+/// The opt-in movers' tables, in the order printed.
+const RATIO_TABLES: [RatioTable; 3] = [
+    // Each raw baseline against its twin, a second instance of it in the
+    // same run: two runs of one program differ by this much, so a ratio of
+    // ours to raw means no more than that.
+    (
         "noise: each raw baseline's twin against it (GB/s ratio)",
         &["nixl-sys-raw-twin", "nixl-sys-raw-xproc-twin"],
         &[
             ("in-process", "nixl-sys-raw-twin", "nixl-sys-raw"),
             ("xproc", "nixl-sys-raw-xproc-twin", "nixl-sys-raw-xproc"),
         ],
-    );
-}
-
-/// With `--movers nixl-no-thread,...`, `nixl-sys-raw-thread,...` or
-/// `nixl-xproc-no-thread,...`: ours and raw with the same progress threads
-/// (in process raw runs none, ours NIXL's by default), and ours without them
-/// against the default.
-fn print_no_thread(rows: &[Row]) {
-    print_pairs(
-        rows,
+    ),
+    // In process raw runs no progress thread and ours NIXL's by default:
+    // ours and raw with the same threads, and ours without against ours with.
+    (
         "in process, NIXL's progress threads alike (GB/s ratio)",
         &["nixl-no-thread", "nixl-sys-raw-thread"],
         &[
@@ -164,20 +167,20 @@ fn print_no_thread(rows: &[Row]) {
             ("both", "nixl", "nixl-sys-raw-thread"),
             ("none x dflt", "nixl-no-thread", "nixl"),
         ],
-    );
-    print_pairs(
-        rows,
+    ),
+    // What NIXL's thread is for across processes.
+    (
         "across processes, ours without NIXL's progress threads (GB/s ratio)",
         &["nixl-xproc-no-thread"],
         &[
             ("x raw", "nixl-xproc-no-thread", "nixl-sys-raw-xproc"),
             ("x default", "nixl-xproc-no-thread", "nixl-xproc"),
         ],
-    );
-}
+    ),
+];
 
-/// A table of GB/s ratios, one column per (header, mover, base), printed
-/// only if the run has one of the opt-in movers `only_with`.
+/// One of [`RATIO_TABLES`], printed only if the run has one of the movers
+/// `only_with`.
 fn print_pairs(rows: &[Row], title: &str, only_with: &[&str], columns: &[(&str, &str, &str)]) {
     if !rows.iter().any(|r| only_with.contains(&r.backend)) {
         return;
