@@ -9,7 +9,7 @@ use descriptor_core::{Connector, Descriptor, RdmaMetadata};
 use nixl_sys::{Agent, AgentConfig};
 
 use crate::Latencies;
-use crate::movers::{Buf, Res, fill};
+use crate::movers::{Buf, Res, fill, nixl_connector};
 
 /// Named measurements, in the order printed.
 #[derive(Default)]
@@ -40,7 +40,7 @@ fn loopback_pair(tag: &str) -> Res<(Connector, Connector)> {
 }
 
 fn nixl_pair(tag: &str) -> Res<(Connector, Connector)> {
-    let make = |n: String| NixlBackend::new(&n).map(Connector::new).map_err(e);
+    let make = |n: String| nixl_connector(&n, true);
     Ok((make(format!("{tag}-p"))?, make(format!("{tag}-a"))?))
 }
 

@@ -87,6 +87,16 @@ impl Mover for Memcpy {
     }
 }
 
+/// A connector over our NIXL backend: an agent called `agent`, with or
+/// without NIXL's progress thread, the other settings the defaults.
+pub(crate) fn nixl_connector(agent: &str, progress_thread: bool) -> Res<Connector> {
+    NixlBackend::builder(agent)
+        .progress_thread(progress_thread)
+        .build()
+        .map(Connector::new)
+        .map_err(|e| e.to_string())
+}
+
 /// The public API over a backend: passive operation, active operation, waits.
 pub(crate) struct Api {
     name: &'static str,
@@ -125,13 +135,7 @@ impl Api {
     }
 
     fn nixl_with(name: &'static str, progress_thread: bool) -> Res<Api> {
-        let make = |n: &str| {
-            NixlBackend::builder(&format!("{name}-{n}"))
-                .progress_thread(progress_thread)
-                .build()
-                .map(Connector::new)
-                .map_err(|e| e.to_string())
-        };
+        let make = |side: &str| nixl_connector(&format!("{name}-{side}"), progress_thread);
         Ok(Api::new(name, make("passive")?, make("active")?))
     }
 

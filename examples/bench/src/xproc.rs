@@ -20,11 +20,12 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use backend_nixl::NixlBackend;
 use descriptor_core::{Connector, Descriptor, RdmaMetadata};
 use nixl_sys::{Agent, AgentConfig, NotificationMap, XferStatus};
 
-use crate::movers::{Buf, Mover, Op, Res, blocks, nixl, ranges, raw_request, seeds};
+use crate::movers::{
+    Buf, Mover, Op, Res, blocks, nixl, nixl_connector, ranges, raw_request, seeds,
+};
 
 /// NIXL's progress-thread delay of the raw baseline, as the issue asks.
 const RAW_PROGRESS_DELAY: Duration = Duration::from_millis(10);
@@ -129,11 +130,8 @@ pub(crate) struct XprocApi {
 /// Our agent as the bench's cross-process rows build it, on either side
 /// (named after the mover, so two movers in one run have distinct agents).
 fn api_connector(mover: &str, side: &str, progress_thread: bool) -> Res<Connector> {
-    NixlBackend::builder(&format!("{mover}-{side}-{}", std::process::id()))
-        .progress_thread(progress_thread)
-        .build()
-        .map(Connector::new)
-        .map_err(|e| e.to_string())
+    let agent = format!("{mover}-{side}-{}", std::process::id());
+    nixl_connector(&agent, progress_thread)
 }
 
 impl XprocApi {
