@@ -52,6 +52,11 @@ impl AnyOp {
         each!(self, op => op.cancel())
     }
 
+    /// Whether this is an active operation (a READ or WRITE of this side).
+    fn is_active(&self) -> bool {
+        matches!(self, AnyOp::Read(_) | AnyOp::Write(_))
+    }
+
     pub(crate) fn completion(&self) -> Completion<'_> {
         each!(self, op => op.completion())
     }
@@ -288,6 +293,35 @@ impl PyOperation {
                 Err(Error::TimedOut(_)) => py.check_signals()?,
                 Err(e) => return Err(to_py(e)),
             }
+        }
+    }
+
+    /// Waits (without the GIL) at most `seconds` for an *active* operation to
+    /// settle, as a blocking `wait` begins: the backend's waiting thread polls
+    /// its transfer. Returns whether it settled. A passive operation (it waits
+    /// for a peer, perhaps for long) returns `False` at once.
+    ///
+    /// `wait_for_completion` calls this before it hands the wait to the event
+    /// loop: a transfer that ends within it skips the loop's wake-up (the
+    /// eventfd, then a second loop turn to resume the coroutine), measured at
+    /// 23-28 µs on top of a 4 KiB transfer's 32-53 µs.
+    fn spin(&self, py: Python<'_>, seconds: f64) -> PyResult<bool> {
+        if !(seconds >= 0.0 && seconds.is_finite()) {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "spin must be a non-negative number of seconds",
+            ));
+        }
+        let Some(op) = self.shared() else {
+            return Ok(true);
+        };
+        if !op.is_active() {
+            return Ok(false);
+        }
+        let window = Duration::from_secs_f64(seconds).min(SIGNAL_CHECK);
+        match py.detach(|| op.wait_timeout(window)) {
+            Ok(()) | Err(Error::Cancelled) | Err(Error::TransferFailed { .. }) => Ok(true),
+            Err(Error::TimedOut(_)) => Ok(false),
+            Err(e) => Err(to_py(e)),
         }
     }
 

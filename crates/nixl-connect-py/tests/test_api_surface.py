@@ -60,6 +60,18 @@ def test_connector_properties():
         nc.Connector("x", backend="carrier-pigeon")
 
 
+def test_await_spin_is_checked():
+    assert nc.Connector(backend="loopback").await_spin == nc.DEFAULT_AWAIT_SPIN == 100e-6
+    assert nc.Connector(backend="loopback", await_spin=0).await_spin == 0.0
+    assert nc.Connector(backend="loopback", await_spin=0.001).await_spin == 0.001
+    for bad in (-1e-6, float("nan"), float("inf"), 0.5):
+        with pytest.raises(ValueError):
+            nc.Connector(backend="loopback", await_spin=bad)
+    for bad in ("1e-4", True, [0.0001]):
+        with pytest.raises(TypeError):
+            nc.Connector(backend="loopback", await_spin=bad)
+
+
 def test_serialized_descriptor_validators_match_dynamo():
     s = nc.SerializedDescriptor(device=" CUDA:1 ", ptr=4096, size=64)
     assert s.device == "cuda:1"

@@ -208,3 +208,126 @@ def test_wait_for_completion_keeps_dynamos_signature(pair):
         await readable.wait_for_completion()
 
     run(go())
+
+
+class SpinRecorder:
+    """Stands in for an operation's native object: records `spin` calls, and
+    answers the waiter's first "finished yet?" with no, so that the wait's
+    policy runs even when a small transfer ended inside `begin_*`."""
+
+    def __init__(self, native):
+        self._inner = native
+        self.spins = []
+        self._asked = False
+
+    def finish(self):
+        if not self._asked:
+            self._asked = True
+            return None
+        return self._inner.finish()
+
+    def spin(self, seconds):
+        self.spins.append(seconds)
+        return self._inner.spin(seconds)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+@pytest.fixture
+def spin_recorders(monkeypatch):
+    """Lets operations' native objects be `SpinRecorder`s: the loop's notifier
+    is handed the real native object when a wait is armed."""
+    real = nc._notifier
+
+    class Unwrapping:
+        def __init__(self, notifier):
+            self._notifier = notifier
+
+        def arm(self, native, future):
+            return self._notifier.arm(getattr(native, "_inner", native), future)
+
+        def __len__(self):
+            return len(self._notifier)
+
+        def __getattr__(self, name):
+            return getattr(self._notifier, name)
+
+    monkeypatch.setattr(nc, "_notifier", lambda loop: Unwrapping(real(loop)))
+
+
+def test_spin_settles_an_active_operation_and_never_waits_for_a_peer(pair):
+    passive, active = pair
+    data = pattern(4096, seed=21)
+    dst = bytearray(4096)
+
+    async def go():
+        readable = await passive.create_readable(nc.Descriptor(data))
+        # A passive operation waits for a peer: the spin returns at once.
+        assert readable._native.spin(0.01) is False
+        assert readable.status == nc.OperationStatus.INITIALIZED
+        read = await active.begin_read(readable.metadata(), nc.Descriptor(dst))
+        # The window is the bound, not a hint: 50 ms is ample for 4 KiB here.
+        assert read._native.spin(0.05) is True
+        assert read.status == nc.OperationStatus.COMPLETE
+        await read.wait_for_completion()
+        await readable.wait_for_completion()
+        with pytest.raises(ValueError):
+            read._native.spin(-1.0)
+
+    run(go())
+    assert bytes(dst) == data
+
+
+@pytest.mark.parametrize("await_spin", [0, 100e-6, 0.01])
+def test_awaited_transfers_move_the_bytes_with_or_without_the_spin(
+    backend, await_spin, spin_recorders
+):
+    passive = nc.Connector(backend=backend, await_spin=await_spin)
+    active = nc.Connector(backend=backend, await_spin=await_spin)
+    blocks = [pattern(4096, seed=30 + i) for i in range(8)]
+    targets = [bytearray(4096) for _ in blocks]
+    spun = []
+
+    async def go():
+        for block, target in zip(blocks, targets):
+            readable = await passive.create_readable(nc.Descriptor(block))
+            read = await active.begin_read(readable.metadata(), nc.Descriptor(target))
+            read._native = recorder = SpinRecorder(read._native)
+            await read.wait_for_completion()
+            spun.extend(recorder.spins)
+            await readable.wait_for_completion()
+            writable = await passive.create_writable(nc.Descriptor(target))
+            write = await active.begin_write(nc.Descriptor(block), writable.metadata())
+            await write.wait_for_completion()
+            await writable.wait_for_completion()
+
+    run(go())
+    assert [bytes(t) for t in targets] == blocks
+    # One spin per awaited READ, for the connector's window; none when off.
+    assert spun == ([await_spin] * len(blocks) if await_spin else [])
+
+
+def test_no_spin_while_another_operation_is_awaited_on_the_loop(pair, spin_recorders):
+    passive, active = pair
+    data = pattern(4096, seed=40)
+    dst = bytearray(4096)
+    late = bytearray(4096)
+
+    async def go():
+        # A writable awaited by another task: its wait is armed on the loop.
+        writable = await passive.create_writable(nc.Descriptor(late))
+        waiting = asyncio.ensure_future(writable.wait_for_completion())
+        await asyncio.sleep(0)
+        readable = await passive.create_readable(nc.Descriptor(data))
+        read = await active.begin_read(readable.metadata(), nc.Descriptor(dst))
+        read._native = recorder = SpinRecorder(read._native)
+        await read.wait_for_completion()
+        assert recorder.spins == []
+        await readable.wait_for_completion()
+        write = await active.begin_write(nc.Descriptor(data), writable.metadata())
+        await write.wait_for_completion()
+        await waiting
+
+    run(go())
+    assert bytes(dst) == data and bytes(late) == data
