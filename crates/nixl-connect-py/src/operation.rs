@@ -304,7 +304,7 @@ impl PyOperation {
     /// `wait_for_completion` calls this before it hands the wait to the event
     /// loop: a transfer that ends within it skips the loop's wake-up (the
     /// eventfd, then a second loop turn to resume the coroutine), measured at
-    /// 23-28 µs on top of a 4 KiB transfer's 32-53 µs.
+    /// 23-27 µs on top of a 4 KiB transfer's 32-53 µs.
     fn spin(&self, py: Python<'_>, seconds: f64) -> PyResult<bool> {
         if !(seconds >= 0.0 && seconds.is_finite()) {
             return Err(pyo3::exceptions::PyValueError::new_err(
