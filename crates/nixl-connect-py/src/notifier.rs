@@ -201,7 +201,8 @@ impl Notifier {
         first_error.map_or(Ok(()), Err)
     }
 
-    /// Number of armed operations (for tests).
+    /// Number of armed operations (waits the loop will resolve);
+    /// `wait_for_completion` spins first only when there are none.
     fn __len__(&self) -> usize {
         self.armed().len()
     }

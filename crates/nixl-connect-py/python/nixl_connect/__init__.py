@@ -60,11 +60,12 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 BACKENDS = tuple(_native.BACKENDS)
-# How long `wait_for_completion` of a READ or WRITE first waits for the
-# transfer in the calling thread before the event loop takes over (see
-# `Connector`).
-DEFAULT_AWAIT_SPIN = 100e-6
 """Backends a `Connector` can use: ``"nixl"`` (default) and ``"loopback"``."""
+
+DEFAULT_AWAIT_SPIN = 100e-6
+"""Seconds ``await op.wait_for_completion()`` of a READ or WRITE first waits
+for the transfer in the calling thread before the event loop takes over
+(`Connector`'s `await_spin`)."""
 
 
 # Enums: Dynamo's names, values and string forms.
