@@ -255,7 +255,7 @@ pub(crate) fn measure(quick: bool) -> Res<Extras> {
             loopback_pair("mem")?,
             if quick { 200_000 } else { 1_000_000 },
         ),
-        // The count in both modes: 50,000 take a few seconds.
+        // The count in both modes: 50,000 take about 2 s here.
         ("nixl", nixl_pair("mem")?, 50_000),
     ] {
         let mut rt = RoundTrip::new(pair, 4096)?;
