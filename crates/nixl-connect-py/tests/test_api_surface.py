@@ -60,7 +60,8 @@ def test_connector_properties():
         nc.Connector("x", backend="carrier-pigeon")
 
 
-def test_await_spin_is_checked():
+def test_await_spin_is_checked(monkeypatch):
+    monkeypatch.delenv("NIXL_CONNECT_AWAIT_SPIN", raising=False)
     assert nc.Connector(backend="loopback").await_spin == nc.DEFAULT_AWAIT_SPIN == 100e-6
     assert nc.Connector(backend="loopback", await_spin=0).await_spin == 0.0
     assert nc.Connector(backend="loopback", await_spin=0.001).await_spin == 0.001
@@ -70,6 +71,17 @@ def test_await_spin_is_checked():
     for bad in ("1e-4", True, [0.0001]):
         with pytest.raises(TypeError):
             nc.Connector(backend="loopback", await_spin=bad)
+
+
+def test_await_spin_default_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("NIXL_CONNECT_AWAIT_SPIN", "0")
+    assert nc.Connector(backend="loopback").await_spin == 0.0
+    # An explicit argument wins over the environment.
+    assert nc.Connector(backend="loopback", await_spin=2e-4).await_spin == 2e-4
+    for bad in ("fast", "-1", "1"):
+        monkeypatch.setenv("NIXL_CONNECT_AWAIT_SPIN", bad)
+        with pytest.raises(ValueError, match="NIXL_CONNECT_AWAIT_SPIN"):
+            nc.Connector(backend="loopback")
 
 
 def test_serialized_descriptor_validators_match_dynamo():

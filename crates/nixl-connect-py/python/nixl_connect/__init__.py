@@ -637,8 +637,8 @@ class Connector:
     in-process fabric, for tests). As with Dynamo, the NIXL agent is created on
     first use.
 
-    `await_spin` (seconds, default `DEFAULT_AWAIT_SPIN`, 100 µs; 0 turns it
-    off): how long ``await op.wait_for_completion()`` of a READ or WRITE first
+    `await_spin` (seconds, default ``$NIXL_CONNECT_AWAIT_SPIN`` or
+    `DEFAULT_AWAIT_SPIN`, 100 µs; 0 turns it off): how long ``await op.wait_for_completion()`` of a READ or WRITE first
     waits for the transfer in the calling thread, GIL released, holding the
     event loop, before the loop takes over the wait. A small transfer usually
     ends within it and then skips the loop's wake-up (measured: a 4 KiB READ
@@ -656,13 +656,24 @@ class Connector:
         worker_id = worker_id if worker_id is not None else uuid.uuid4().hex
         if not isinstance(worker_id, str) or len(worker_id) == 0:
             raise TypeError("Argument `worker_id` must be a non-empty `str` or `None`.")
+        spin_source = "Argument `await_spin`"
         if await_spin is None:
-            await_spin = DEFAULT_AWAIT_SPIN
+            from_env = os.environ.get("NIXL_CONNECT_AWAIT_SPIN")
+            if from_env is None:
+                await_spin = DEFAULT_AWAIT_SPIN
+            else:
+                spin_source = "NIXL_CONNECT_AWAIT_SPIN"
+                try:
+                    await_spin = float(from_env)
+                except ValueError:
+                    raise ValueError(
+                        f"{spin_source} must be a number of seconds; got {from_env!r}."
+                    ) from None
         if isinstance(await_spin, bool) or not isinstance(await_spin, (int, float)):
-            raise TypeError("Argument `await_spin` must be a number of seconds or `None`.")
+            raise TypeError(f"{spin_source} must be a number of seconds or `None`.")
         if not 0 <= await_spin <= 0.05:
             raise ValueError(
-                f"Argument `await_spin` must be between 0 and 0.05 seconds; got {await_spin!r}."
+                f"{spin_source} must be between 0 and 0.05 seconds; got {await_spin!r}."
             )
         if backend is None:
             backend = os.environ.get("NIXL_CONNECT_BACKEND", "nixl")
