@@ -638,9 +638,10 @@ class Connector:
     first use.
 
     `await_spin` (seconds, default ``$NIXL_CONNECT_AWAIT_SPIN`` or
-    `DEFAULT_AWAIT_SPIN`, 100 µs; 0 turns it off): how long ``await op.wait_for_completion()`` of a READ or WRITE first
-    waits for the transfer in the calling thread, GIL released, holding the
-    event loop, before the loop takes over the wait. A small transfer usually
+    `DEFAULT_AWAIT_SPIN`, 100 µs; 0 turns it off; at most 0.05): how long
+    ``await op.wait_for_completion()`` of a READ or WRITE first waits for the
+    transfer in the calling thread, GIL released, holding the event loop,
+    before the loop takes over the wait. A small transfer usually
     ends within it and then skips the loop's wake-up (measured: a 4 KiB READ
     awaited in 32-53 µs instead of 57-80). It is skipped while another
     operation is awaited on the same loop; it never applies to passive
