@@ -260,12 +260,7 @@ impl PyOperation {
     #[pyo3(signature = (timeout=None))]
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<u8> {
         let deadline = match timeout {
-            Some(t) if !(t >= 0.0 && t.is_finite()) => {
-                return Err(pyo3::exceptions::PyValueError::new_err(
-                    "timeout must be a non-negative number of seconds",
-                ));
-            }
-            Some(t) => Instant::now().checked_add(Duration::from_secs_f64(t)),
+            Some(t) => Instant::now().checked_add(seconds(t, "timeout")?),
             None => None,
         };
         loop {
@@ -305,19 +300,15 @@ impl PyOperation {
     /// loop: a transfer that ends within it skips the loop's wake-up (the
     /// eventfd, then a second loop turn to resume the coroutine), measured at
     /// 23-27 µs on top of a 4 KiB transfer's 32-53 µs.
-    fn spin(&self, py: Python<'_>, seconds: f64) -> PyResult<bool> {
-        if !(seconds >= 0.0 && seconds.is_finite()) {
-            return Err(pyo3::exceptions::PyValueError::new_err(
-                "spin must be a non-negative number of seconds",
-            ));
-        }
+    #[pyo3(name = "spin")]
+    fn spin_for(&self, py: Python<'_>, window: f64) -> PyResult<bool> {
+        let window = seconds(window, "spin")?.min(SIGNAL_CHECK);
         let Some(op) = self.shared() else {
             return Ok(true);
         };
         if !op.is_active() {
             return Ok(false);
         }
-        let window = Duration::from_secs_f64(seconds).min(SIGNAL_CHECK);
         match py.detach(|| op.wait_timeout(window)) {
             Ok(()) | Err(Error::Cancelled) | Err(Error::TransferFailed { .. }) => Ok(true),
             Err(Error::TimedOut(_)) => Ok(false),
@@ -351,6 +342,17 @@ impl PyOperation {
     fn __len__(&self) -> usize {
         self.descriptors.len()
     }
+}
+
+/// A number of seconds from Python, refused (`ValueError`, naming `what`)
+/// unless finite and not negative.
+fn seconds(value: f64, what: &str) -> PyResult<Duration> {
+    if !(value >= 0.0 && value.is_finite()) {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "{what} must be a non-negative number of seconds"
+        )));
+    }
+    Ok(Duration::from_secs_f64(value))
 }
 
 /// `error` and the errors it came from, as one line.
