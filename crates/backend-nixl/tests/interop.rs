@@ -43,16 +43,23 @@ fn blocks(seed: u64, sizes: &[usize]) -> Vec<Descriptor> {
         .collect()
 }
 
-fn connector(role: &str) -> Connector {
-    Connector::new(NixlBackend::new(&format!("rust-{role}-{}", std::process::id())).unwrap())
+/// A Rust agent; `detect` is its peer-failure detection (UCX's error handling
+/// mode): the Python peer keeps NIXL's default (detection on) either way.
+fn connector(role: &str, detect: bool) -> Connector {
+    let name = format!("rust-{role}-{detect}-{}", std::process::id());
+    let backend = NixlBackend::builder(&name)
+        .peer_failure_detection(detect)
+        .build()
+        .unwrap();
+    Connector::new(backend)
 }
 
-#[test]
-fn python_dynamo_peer_reads_a_rust_readable() {
+#[rstest]
+fn python_dynamo_peer_reads_a_rust_readable(#[values(true, false)] detect: bool) {
     if !runtime_available() {
         return;
     }
-    let rust = connector("readable");
+    let rust = connector("readable", detect);
     let source = blocks(1, &[1 << 20, 1 << 20, 4097, 3]);
     let expected = crc32_of(&source);
     let readable = rust.create_readable(source).unwrap();
@@ -71,7 +78,10 @@ fn python_dynamo_peer_reads_a_rust_readable() {
 }
 
 #[rstest]
-fn rust_writes_a_python_dynamo_writable(#[values(false, true)] legacy_hex: bool) {
+fn rust_writes_a_python_dynamo_writable(
+    #[values(false, true)] legacy_hex: bool,
+    #[values(true, false)] detect: bool,
+) {
     if !runtime_available() {
         return;
     }
@@ -104,7 +114,7 @@ fn rust_writes_a_python_dynamo_writable(#[values(false, true)] legacy_hex: bool)
         sizes
     );
 
-    let rust = connector(if legacy_hex { "writer-hex" } else { "writer" });
+    let rust = connector(if legacy_hex { "writer-hex" } else { "writer" }, detect);
     let source = blocks(2, &sizes);
     let expected = crc32_of(&source);
     let write = rust.begin_write(source, &metadata).unwrap();

@@ -2,7 +2,12 @@
 //! sees a bounded error (active side) or a timeout (passive side), then completes
 //! a fresh transfer with a new peer. 256 MiB transfers (1 GiB with
 //! `RELIABILITY_LONG`, as `cargo xtask test --long` sets).
-#![allow(clippy::unwrap_used, clippy::panic, clippy::print_stderr)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stderr
+)]
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -28,8 +33,14 @@ fn peer(args: &[&str]) -> Peer {
     Peer::spawn(command)
 }
 
-fn connector(role: &str) -> Connector {
-    Connector::new(NixlBackend::new(&format!("{role}-{}", std::process::id())).unwrap())
+/// A survivor; `detect` is its peer-failure detection (UCX's error handling mode).
+fn connector(role: &str, detect: bool) -> Connector {
+    let name = format!("{role}-{detect}-{}", std::process::id());
+    let backend = NixlBackend::builder(&name)
+        .peer_failure_detection(detect)
+        .build()
+        .unwrap();
+    Connector::new(backend)
 }
 
 /// A small checked transfer with a brand-new peer process.
@@ -61,10 +72,22 @@ fn kill_after(peer: Peer, delay: Duration) -> std::thread::JoinHandle<()> {
 /// after a delay, tried at growing delays until one lands mid-transfer.
 #[test]
 fn killing_the_passive_process_mid_write_errors_the_write_in_bounded_time() {
+    kill_the_passive_process_mid_write(true);
+}
+
+/// Without peer-failure detection UCX promises nothing about a dead peer; on
+/// one host the copy into the dead process still fails, and this checks that
+/// the write ends failed all the same (the builder's documentation says so).
+#[test]
+fn without_peer_failure_detection_killing_the_passive_process_still_errors_the_write() {
+    kill_the_passive_process_mid_write(false);
+}
+
+fn kill_the_passive_process_mid_write(detect: bool) {
     if !runtime_available() {
         return;
     }
-    let writer = connector("writer");
+    let writer = connector("writer", detect);
     let n = blocks();
     let mut detected = None;
     for delay_ms in [30u64, 40, 50, 60, 70, 80, 100, 120, 150, 200] {
@@ -99,7 +122,7 @@ fn killing_the_passive_process_mid_write_errors_the_write_in_bounded_time() {
     }
     let (delay_ms, elapsed, error) = detected.expect("no kill landed mid-transfer");
     eprintln!(
-        "killed passive peer {delay_ms} ms into a {n} MiB write: the writer got an error after {elapsed:?}: {error}"
+        "detection {detect}: killed passive peer {delay_ms} ms into a {n} MiB write: the writer got an error after {elapsed:?}: {error}"
     );
     assert!(elapsed < WAIT);
     assert!(
@@ -114,7 +137,7 @@ fn killing_the_active_process_leaves_the_passive_wait_timing_out() {
     if !runtime_available() {
         return;
     }
-    let server = connector("server");
+    let server = connector("server", true);
     let n = blocks();
     let mut timed_out = None;
     for delay_ms in [150u64, 100, 50, 20] {

@@ -9,7 +9,7 @@ use descriptor_core::{Connector, Descriptor, RdmaMetadata};
 use nixl_sys::{Agent, AgentConfig};
 
 use crate::Latencies;
-use crate::movers::{Buf, Res, fill, nixl_connector};
+use crate::movers::{Buf, Res, fill, nixl_connector, peer_failure_detection, raw_ucx_params};
 
 /// Named measurements, in the order printed.
 #[derive(Default)]
@@ -206,9 +206,8 @@ pub(crate) fn measure(quick: bool) -> Res<Extras> {
             ..AgentConfig::default()
         };
         let agent = Agent::new_configured("raw-reg", &config).map_err(|e| e.to_string())?;
-        let (_, params) = agent.get_plugin_params("UCX").map_err(|e| e.to_string())?;
         agent
-            .create_backend("UCX", &params)
+            .create_backend("UCX", &raw_ucx_params(&agent)?)
             .map_err(|e| e.to_string())?;
         let raw: Vec<Buf> = bufs.iter().map(|b| Buf(b.clone())).collect();
         let started = Instant::now();
@@ -285,6 +284,7 @@ pub(crate) fn measure(quick: bool) -> Res<Extras> {
     for scope in [MetadataScope::Agent, MetadataScope::Exposed] {
         let connector = Connector::new(
             NixlBackend::builder(&format!("md-{scope:?}"))
+                .peer_failure_detection(peer_failure_detection())
                 .metadata_scope(scope)
                 .build()
                 .map_err(e)?,

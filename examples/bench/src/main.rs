@@ -55,6 +55,11 @@ mod flags {
             /// Sweeps of every size, each interleaved on its own; a row reports
             /// the median of the sweeps (default 3).
             optional --runs n: usize
+            /// Every NIXL agent of the run, ours and raw, both sides, without
+            /// peer-failure detection (UCX's error handling mode 'none', not
+            /// NIXL's default 'peer'): on one host, notifications then go
+            /// through shared memory instead of TCP.
+            optional --no-peer-failure-detection
         }
     }
 }
@@ -373,6 +378,9 @@ fn all_movers(only: Option<&str>) -> Res<Vec<Box<dyn Mover>>> {
 }
 
 fn run(config: &flags::Bench) -> Res<()> {
+    if config.no_peer_failure_detection {
+        movers::without_peer_failure_detection();
+    }
     if let Some(kind) = &config.peer {
         return xproc::serve(kind);
     }

@@ -1,5 +1,6 @@
 //! The four ways of moving the same bytes that the bench compares.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use backend_loopback::{Fabric, LoopbackBackend};
@@ -87,11 +88,39 @@ impl Mover for Memcpy {
     }
 }
 
+/// Set by `--no-peer-failure-detection`: every NIXL agent of the run, ours
+/// and raw, on both sides of the cross-process rows, is built with UCX's
+/// error handling mode `none` instead of NIXL's default, `peer`.
+static NO_PEER_FAILURE_DETECTION: AtomicBool = AtomicBool::new(false);
+
+/// Builds this run's NIXL agents without peer-failure detection.
+pub(crate) fn without_peer_failure_detection() {
+    NO_PEER_FAILURE_DETECTION.store(true, Ordering::Relaxed);
+}
+
+/// Whether this run's NIXL agents detect a dead peer (NIXL's default).
+pub(crate) fn peer_failure_detection() -> bool {
+    !NO_PEER_FAILURE_DETECTION.load(Ordering::Relaxed)
+}
+
+/// NIXL's UCX parameters for a raw agent, with this run's error handling mode.
+pub(crate) fn raw_ucx_params(agent: &Agent) -> Res<nixl_sys::Params> {
+    let (_, mut params) = agent.get_plugin_params("UCX").map_err(nixl("params"))?;
+    if !peer_failure_detection() {
+        params
+            .set("ucx_error_handling_mode", "none")
+            .map_err(nixl("params"))?;
+    }
+    Ok(params)
+}
+
 /// A connector over our NIXL backend: an agent called `agent`, with or
-/// without NIXL's progress thread, the other settings the defaults.
+/// without NIXL's progress thread, the other settings the defaults (but for
+/// this run's peer-failure detection).
 pub(crate) fn nixl_connector(agent: &str, progress_thread: bool) -> Res<Connector> {
     NixlBackend::builder(agent)
         .progress_thread(progress_thread)
+        .peer_failure_detection(peer_failure_detection())
         .build()
         .map(Connector::new)
         .map_err(|e| e.to_string())
@@ -307,8 +336,8 @@ impl RawNixl {
         };
         let agent = |name: &str| -> Res<Agent> {
             let a = Agent::new_configured(name, &config).map_err(nixl("agent"))?;
-            let (_, params) = a.get_plugin_params("UCX").map_err(nixl("params"))?;
-            a.create_backend("UCX", &params).map_err(nixl("backend"))?;
+            a.create_backend("UCX", &raw_ucx_params(&a)?)
+                .map_err(nixl("backend"))?;
             Ok(a)
         };
         Ok(RawNixl {

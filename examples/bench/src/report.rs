@@ -60,6 +60,11 @@ fn configs(rows: &[Row]) -> Vec<(&'static str, usize, usize)> {
 
 pub(crate) fn print(rows: &[Row], extras: &Extras) {
     let sweeps = rows.first().map_or(0, |r| r.p50_runs_us.len());
+    if !crate::movers::peer_failure_detection() {
+        println!(
+            "\nNIXL agents (ours and raw) without peer-failure detection: ucx_error_handling_mode=none"
+        );
+    }
     println!(
         "\n== bandwidth (GB/s from the p50; p50 / p99 in us; each the median of {sweeps} sweeps) =="
     );
@@ -359,6 +364,7 @@ pub(crate) fn json(rows: &[Row], extras: &Extras) -> String {
         "other": other,
         "targets": targets(rows, extras),
         "machine": {"cpus": std::thread::available_parallelism().map_or(0, |n| n.get())},
+        "nixl": {"peer_failure_detection": crate::movers::peer_failure_detection()},
     });
     serde_json::to_string_pretty(&report).unwrap_or_default()
 }

@@ -24,7 +24,8 @@ use descriptor_core::{Connector, Descriptor, RdmaMetadata};
 use nixl_sys::{Agent, AgentConfig, NotificationMap, XferStatus};
 
 use crate::movers::{
-    Buf, Mover, Op, Res, blocks, nixl, nixl_connector, ranges, raw_request, seeds,
+    Buf, Mover, Op, Res, blocks, nixl, nixl_connector, peer_failure_detection, ranges, raw_request,
+    raw_ucx_params, seeds,
 };
 
 /// NIXL's progress-thread delay of the raw baseline, as the issue asks.
@@ -67,8 +68,11 @@ impl Peer {
             }
             None => Command::new(exe),
         };
+        command.args(["--peer", kind]);
+        if !peer_failure_detection() {
+            command.arg("--no-peer-failure-detection");
+        }
         let mut child = command
-            .args(["--peer", kind])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -227,11 +231,8 @@ fn raw_agent(name: &str) -> Res<Agent> {
         ..AgentConfig::default()
     };
     let agent = Agent::new_configured(name, &config).map_err(|e| format!("agent: {e}"))?;
-    let (_, params) = agent
-        .get_plugin_params("UCX")
-        .map_err(|e| format!("params: {e}"))?;
     agent
-        .create_backend("UCX", &params)
+        .create_backend("UCX", &raw_ucx_params(&agent)?)
         .map_err(|e| format!("backend: {e}"))?;
     Ok(agent)
 }
