@@ -334,6 +334,27 @@ impl NixlBackend {
         }
     }
 
+    /// The parameters the agent's `plugin` backend runs with (the plugin's
+    /// defaults with the builder's settings applied), as NIXL reports them;
+    /// `None` if the agent did not load `plugin`.
+    pub fn plugin_params(&self, plugin: &str) -> Result<Option<Vec<(String, String)>>> {
+        let agent = &self.live.agent;
+        let Some(backend) = agent.get_backend(plugin) else {
+            return Ok(None);
+        };
+        let context = || format!("read {plugin} parameters (agent {:?})", self.name);
+        let (_, params) = agent
+            .get_backend_params(&backend)
+            .map_err(|e| nixl_error(context(), e))?;
+        let pairs = params
+            .iter()
+            .map_err(|e| nixl_error(context(), e))?
+            .map(|pair| pair.map(|(k, v)| (k.to_owned(), v.to_owned())))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| nixl_error(context(), e))?;
+        Ok(Some(pairs))
+    }
+
     fn id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
@@ -748,15 +769,12 @@ mod tests {
         }
         let mode_of = |builder: NixlBackendBuilder| {
             let backend = builder.build().unwrap();
-            let agent = &backend.live.agent;
-            let ucx = agent.get_backend("UCX").unwrap();
-            let (_, params) = agent.get_backend_params(&ucx).unwrap();
+            assert_eq!(backend.plugin_params("POSIX").unwrap(), None);
+            let params = backend.plugin_params("UCX").unwrap().unwrap();
             params
-                .iter()
-                .unwrap()
-                .map(Result::unwrap)
-                .find(|(key, _)| *key == "ucx_error_handling_mode")
-                .map(|(_, value)| value.to_owned())
+                .into_iter()
+                .find(|(key, _)| key == "ucx_error_handling_mode")
+                .map(|(_, value)| value)
         };
         let name = |tag: &str| format!("errmode-{tag}-{}", std::process::id());
         let builder = |tag: &str| NixlBackend::builder(&name(tag));
