@@ -26,6 +26,8 @@ pub(crate) struct PyConnector {
     inner: Connector,
     /// Fault injection for tests (loopback connectors run under [`Faulty`]).
     faults: Option<Faults>,
+    /// NIXL's UCX error handling mode, as the agent reported it (NIXL only).
+    ucx_error_handling_mode: Option<String>,
 }
 
 impl PyConnector {
@@ -91,16 +93,20 @@ fn lend(
 impl PyConnector {
     /// A connector named `name` over `backend` (`"nixl"` or `"loopback"`).
     /// For NIXL, the runtime is looked for first in `site_packages` (the
-    /// running interpreter's), then where `backend_nixl::runtime` looks.
+    /// running interpreter's), then where `backend_nixl::runtime` looks, and
+    /// `peer_failure_detection` is the agent's
+    /// (`NixlBackendBuilder::peer_failure_detection`); loopback ignores it.
     #[new]
-    #[pyo3(signature = (name, backend, site_packages=Vec::new()))]
+    #[pyo3(signature = (name, backend, site_packages=Vec::new(), peer_failure_detection=true))]
     fn new(
         py: Python<'_>,
         name: &str,
         backend: &str,
         site_packages: Vec<PathBuf>,
+        peer_failure_detection: bool,
     ) -> PyResult<PyConnector> {
         let mut faults = None;
+        let mut ucx_error_handling_mode = None;
         let inner = match backend {
             "loopback" => {
                 let backend = LoopbackBackend::new(&Fabric::global(), name).map_err(to_py)?;
@@ -108,13 +114,23 @@ impl PyConnector {
                 faults = Some(backend.faults());
                 Connector::new(backend)
             }
-            "nixl" => py
-                .detach(|| {
-                    backend_nixl::runtime::load_preferring(&site_packages)?;
-                    NixlBackend::new(name)
-                })
-                .map(Connector::new)
-                .map_err(to_py)?,
+            "nixl" => {
+                let backend = py
+                    .detach(|| {
+                        backend_nixl::runtime::load_preferring(&site_packages)?;
+                        NixlBackend::builder(name)
+                            .peer_failure_detection(peer_failure_detection)
+                            .build()
+                    })
+                    .map_err(to_py)?;
+                ucx_error_handling_mode = backend
+                    .plugin_params("UCX")
+                    .map_err(to_py)?
+                    .into_iter()
+                    .flatten()
+                    .find_map(|(key, value)| (key == "ucx_error_handling_mode").then_some(value));
+                Connector::new(backend)
+            }
             other => {
                 return Err(PyValueError::new_err(format!(
                     "unknown backend {other:?}; available: {}",
@@ -122,7 +138,18 @@ impl PyConnector {
                 )));
             }
         };
-        Ok(PyConnector { inner, faults })
+        Ok(PyConnector {
+            inner,
+            faults,
+            ucx_error_handling_mode,
+        })
+    }
+
+    /// Testing hook: NIXL's UCX error handling mode as the agent reports it
+    /// (`"peer"` or `"none"`); `None` for loopback.
+    #[getter]
+    fn _ucx_error_handling_mode(&self) -> Option<&str> {
+        self.ucx_error_handling_mode.as_deref()
     }
 
     /// Testing hook (loopback only): the next transfer this connector posts

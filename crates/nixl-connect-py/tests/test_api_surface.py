@@ -73,6 +73,30 @@ def test_await_spin_is_checked(monkeypatch):
             nc.Connector(backend="loopback", await_spin=bad)
 
 
+def test_peer_failure_detection_is_checked(monkeypatch):
+    monkeypatch.delenv("NIXL_CONNECT_PEER_FAILURE_DETECTION", raising=False)
+    assert nc.Connector(backend="loopback").peer_failure_detection is True
+    off = nc.Connector(backend="loopback", peer_failure_detection=False)
+    assert off.peer_failure_detection is False
+    for bad in (0, 1, "no", 0.0):
+        with pytest.raises(TypeError, match="peer_failure_detection"):
+            nc.Connector(backend="loopback", peer_failure_detection=bad)
+
+
+def test_peer_failure_detection_default_comes_from_the_environment(monkeypatch):
+    for word, expected in [("0", False), ("off", False), (" False ", False), ("no", False),
+                           ("1", True), ("YES", True), ("on", True), ("true", True)]:
+        monkeypatch.setenv("NIXL_CONNECT_PEER_FAILURE_DETECTION", word)
+        assert nc.Connector(backend="loopback").peer_failure_detection is expected, word
+    # An argument wins over the environment.
+    monkeypatch.setenv("NIXL_CONNECT_PEER_FAILURE_DETECTION", "0")
+    assert nc.Connector(backend="loopback", peer_failure_detection=True).peer_failure_detection
+    for bad in ("", "2", "maybe"):
+        monkeypatch.setenv("NIXL_CONNECT_PEER_FAILURE_DETECTION", bad)
+        with pytest.raises(ValueError, match="NIXL_CONNECT_PEER_FAILURE_DETECTION"):
+            nc.Connector(backend="loopback")
+
+
 def test_await_spin_default_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("NIXL_CONNECT_AWAIT_SPIN", "0")
     assert nc.Connector(backend="loopback").await_spin == 0.0

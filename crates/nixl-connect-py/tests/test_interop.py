@@ -40,6 +40,11 @@ def need_dynamo():
 def spawn(impl: str, role: str, seed: int) -> subprocess.Popen:
     env = dict(os.environ)
     env.pop("NIXL_CONNECT_BACKEND", None)
+    env.pop("NIXL_CONNECT_PEER_FAILURE_DETECTION", None)
+    if impl == NO_DETECTION:
+        # Ours without UCX's peer-failure detection, set the drop-in way.
+        impl = "ours"
+        env["NIXL_CONNECT_PEER_FAILURE_DETECTION"] = "0"
     env["PEER_IMPL"] = impl
     if impl == "dynamo":
         env["PYTHONPATH"] = os.pathsep.join([DYNAMO_SRC, TORCH_STUB])
@@ -92,7 +97,13 @@ def last_message(out: str) -> dict:
     return json.loads(lines[-1][len(MARK):])
 
 
-IMPLS = [("dynamo", "ours"), ("ours", "dynamo"), ("ours", "ours"), ("dynamo", "dynamo")]
+NO_DETECTION = "ours-no-detection"
+IMPLS = [
+    ("dynamo", "ours"), ("ours", "dynamo"), ("ours", "ours"), ("dynamo", "dynamo"),
+    ("dynamo", NO_DETECTION), (NO_DETECTION, "dynamo"),
+]
+# The NIXL agent's UCX error handling mode each kind of worker reports.
+MODES = {"ours": "peer", NO_DETECTION: "none", "dynamo": None}
 
 
 @pytest.mark.parametrize("passive_impl, active_impl", IMPLS, ids=[f"{p}-readable-{a}-reads" for p, a in IMPLS])
@@ -103,6 +114,9 @@ def test_a_readable_is_read_across_processes(passive_impl, active_impl):
     assert active["sha256"] == expected(seed), "the reader received the readable's bytes"
     assert passive["sha256"] == expected(seed)
     assert active["status"] == "DONE" and passive["status"] == "DONE"
+    assert (passive["ucx_error_handling_mode"], active["ucx_error_handling_mode"]) == (
+        MODES[passive_impl], MODES[active_impl]
+    )
 
 
 @pytest.mark.parametrize("passive_impl, active_impl", IMPLS, ids=[f"{p}-writable-{a}-writes" for p, a in IMPLS])
@@ -113,3 +127,6 @@ def test_a_writable_is_written_across_processes(passive_impl, active_impl):
     assert passive["sha256"] == expected(seed), "the writable holds the writer's bytes"
     assert passive["sha256"] != zeros()
     assert active["status"] == "DONE" and passive["status"] == "DONE"
+    assert (passive["ucx_error_handling_mode"], active["ucx_error_handling_mode"]) == (
+        MODES[passive_impl], MODES[active_impl]
+    )

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import nixl_connect as nc
-from conftest import SOURCES, TARGETS, pattern, run
+from conftest import SOURCES, TARGETS, pattern, require_backend, run
 
 SIZE = 64 * 1024
 
@@ -279,6 +279,34 @@ def test_spin_settles_an_active_operation_and_never_waits_for_a_peer(pair):
 
     run(go())
     assert bytes(dst) == data
+
+
+@pytest.mark.parametrize("passive_detects, active_detects", [(True, False), (False, True), (False, False)])
+def test_transfers_move_the_bytes_without_peer_failure_detection(passive_detects, active_detects):
+    require_backend("nixl")
+    passive = nc.Connector(backend="nixl", peer_failure_detection=passive_detects)
+    active = nc.Connector(backend="nixl", peer_failure_detection=active_detects)
+    blocks = [pattern(4096 << (2 * i), seed=50 + i) for i in range(3)]
+    read_into = [bytearray(len(b)) for b in blocks]
+    written = [bytearray(len(b)) for b in blocks]
+
+    async def go():
+        readable = await passive.create_readable([nc.Descriptor(b) for b in blocks])
+        read = await active.begin_read(readable.metadata(), [nc.Descriptor(t) for t in read_into])
+        await read.wait_for_completion()
+        await readable.wait_for_completion()
+        writable = await passive.create_writable([nc.Descriptor(t) for t in written])
+        write = await active.begin_write([nc.Descriptor(b) for b in blocks], writable.metadata())
+        await write.wait_for_completion()
+        await writable.wait_for_completion()
+
+    run(go())
+    assert [bytes(t) for t in read_into] == blocks
+    assert [bytes(t) for t in written] == blocks
+    # The agents were built with the setting asked for.
+    mode = {True: "peer", False: "none"}
+    assert passive._connection()._ucx_error_handling_mode == mode[passive_detects]
+    assert active._connection()._ucx_error_handling_mode == mode[active_detects]
 
 
 @pytest.mark.parametrize("await_spin", [0, 100e-6, 0.01])

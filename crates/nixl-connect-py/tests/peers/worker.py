@@ -5,7 +5,8 @@ only the import line differs.
 Protocol (one JSON object per line, after "NIXLPEER "): the worker prints
 `{"metadata": <RdmaMetadata JSON>}` (passive roles) or reads one such line
 from stdin (active roles), then prints `{"sha256": [...], "status": "..."}`
-with the checksum of each of its buffers after the transfer.
+with the checksum of each of its buffers after the transfer (and, for ours,
+`"ucx_error_handling_mode"`: the NIXL agent's).
 
 Roles: readable, writable (passive); read, write (active).
 Buffers: SIZES bytes each; a sender fills buffer i with pattern(seed, i).
@@ -72,7 +73,13 @@ async def main(role: str, seed: int) -> None:
         with op:
             await op.wait_for_completion()
             status = str(op.status)
-    say(sha256=[hashlib.sha256(a.tobytes()).hexdigest() for a in arrays], status=status)
+    # Ours only: UCX's error handling mode as the agent reports it.
+    mode = getattr(getattr(connector, "_native", None), "_ucx_error_handling_mode", None)
+    say(
+        sha256=[hashlib.sha256(a.tobytes()).hexdigest() for a in arrays],
+        status=status,
+        ucx_error_handling_mode=mode,
+    )
 
 
 if __name__ == "__main__":
