@@ -19,7 +19,8 @@ The baseline for "within 1.5x of the Rust API" is measured in the same run
 and layout: a third worker, the bench binary's `--python-worker` mode
 (`NIXL_CONNECT_RUST_WORKER`), runs the Rust API's round trip (the main
 bench's `nixl` row: `begin_*`, then a blocking `wait`) over the same NIXL
-runtime, interleaved with the other two.
+runtime, interleaved with the other two, and with ours' peer-failure
+detection (`NIXL_CONNECT_PEER_FAILURE_DETECTION`; Dynamo's workers ignore it).
 
 Rows go into `report.json` (`--report`, merged: earlier `py-*` rows replaced)
 with `"backend": "py-nixl-connect"`, `"py-dynamo"` and `"py-rust-api"`; a
@@ -145,6 +146,12 @@ class Peer:
             # The NIXL runtime this environment's nixl-cu12 installed, as ours uses.
             env["NIXL_RUNTIME_DIR"] = sysconfig.get_paths()["purelib"]
             command = [env["NIXL_CONNECT_RUST_WORKER"], "--python-worker"]
+            # Ours reads NIXL_CONNECT_PEER_FAILURE_DETECTION: the baseline
+            # runs with the same setting.
+            from nixl_connect import _flag_from_env
+
+            if not _flag_from_env("NIXL_CONNECT_PEER_FAILURE_DETECTION", True):
+                command.append("--no-peer-failure-detection")
         else:
             env.pop("PYTHONPATH", None)
         self.impl = impl
