@@ -6,11 +6,10 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use backend_nixl::NixlBackend;
 use descriptor_core::conformance::pattern;
 use descriptor_core::{Connector, Descriptor, RdmaMetadata};
 use rstest::rstest;
-use test_support::{Peer, crc32_of, runtime_available};
+use test_support::{Peer, crc32_of, nixl_connector, runtime_available};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -46,12 +45,7 @@ fn blocks(seed: u64, sizes: &[usize]) -> Vec<Descriptor> {
 /// A Rust agent; `detect` is its peer-failure detection (UCX's error handling
 /// mode): the Python peer keeps NIXL's default (detection on) either way.
 fn connector(role: &str, detect: bool) -> Connector {
-    let name = format!("rust-{role}-{detect}-{}", std::process::id());
-    let backend = NixlBackend::builder(&name)
-        .peer_failure_detection(detect)
-        .build()
-        .unwrap();
-    Connector::new(backend)
+    nixl_connector(&format!("rust-{role}"), detect)
 }
 
 #[rstest]

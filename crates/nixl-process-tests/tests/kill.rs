@@ -12,9 +12,8 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use backend_nixl::NixlBackend;
 use descriptor_core::{Connector, Descriptor, Error, RdmaMetadata};
-use test_support::{Peer, crc32_of, pattern, runtime_available};
+use test_support::{Peer, crc32_of, nixl_connector, pattern, runtime_available};
 
 const BLOCK: usize = 1 << 20;
 const WAIT: Duration = Duration::from_secs(60);
@@ -31,16 +30,6 @@ fn peer(args: &[&str]) -> Peer {
     let mut command = Command::new(env!("CARGO_BIN_EXE_nixl-test-peer"));
     command.args(args);
     Peer::spawn(command)
-}
-
-/// A survivor; `detect` is its peer-failure detection (UCX's error handling mode).
-fn connector(role: &str, detect: bool) -> Connector {
-    let name = format!("{role}-{detect}-{}", std::process::id());
-    let backend = NixlBackend::builder(&name)
-        .peer_failure_detection(detect)
-        .build()
-        .unwrap();
-    Connector::new(backend)
 }
 
 /// A small checked transfer with a brand-new peer process.
@@ -87,7 +76,7 @@ fn kill_the_passive_process_mid_write(detect: bool) {
     if !runtime_available() {
         return;
     }
-    let writer = connector("writer", detect);
+    let writer = nixl_connector("writer", detect);
     let n = blocks();
     let mut detected = None;
     for delay_ms in [30u64, 40, 50, 60, 70, 80, 100, 120, 150, 200] {
@@ -137,7 +126,7 @@ fn killing_the_active_process_leaves_the_passive_wait_timing_out() {
     if !runtime_available() {
         return;
     }
-    let server = connector("server", true);
+    let server = nixl_connector("server", true);
     let n = blocks();
     let mut timed_out = None;
     for delay_ms in [150u64, 100, 50, 20] {

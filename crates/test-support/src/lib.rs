@@ -17,7 +17,7 @@ pub use descriptor_core::conformance::pattern;
 #[cfg(feature = "nixl")]
 mod nixl;
 #[cfg(feature = "nixl")]
-pub use nixl::{Nixl, runtime_available};
+pub use nixl::{Nixl, nixl_connector, runtime_available};
 
 /// CRC-32 (zlib's, as Python's `zlib.crc32` computes it) of `bytes`.
 pub fn crc32(bytes: &[u8]) -> u32 {

@@ -1,11 +1,12 @@
-//! The NIXL runtime gate and the conformance harness over NIXL.
+//! The NIXL runtime gate, connectors for the NIXL tests, and the conformance
+//! harness over NIXL.
 #![allow(clippy::print_stderr)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use backend_nixl::{MetadataScope, NixlBackend};
-use descriptor_core::RegistrationBackend;
 use descriptor_core::conformance::Harness;
+use descriptor_core::{Connector, RegistrationBackend};
 
 /// True when the NIXL runtime is loaded. Without it a test is skipped with a
 /// message, unless `NIXL_TESTS_REQUIRED` is set (as `cargo xtask test` does):
@@ -23,6 +24,18 @@ pub fn runtime_available() -> bool {
             false
         }
     }
+}
+
+/// A connector over a NIXL agent named `{role}-{detect}-{pid}`, with
+/// peer-failure detection `detect` (UCX's error handling mode) and the other
+/// settings the defaults.
+pub fn nixl_connector(role: &str, detect: bool) -> Connector {
+    let name = format!("{role}-{detect}-{}", std::process::id());
+    let backend = NixlBackend::builder(&name)
+        .peer_failure_detection(detect)
+        .build()
+        .unwrap_or_else(|e| panic!("NIXL agent {name}: {e}"));
+    Connector::new(backend)
 }
 
 /// Makes NIXL agents with names unique in the process.
