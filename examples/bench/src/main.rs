@@ -60,6 +60,10 @@ mod flags {
             /// NIXL's default 'peer'): on one host, notifications then go
             /// through shared memory instead of TCP.
             optional --no-peer-failure-detection
+            /// Each cross-process transfer starts this many microseconds after
+            /// the one before ended (not timed): a transfer after a pause, as
+            /// after an RPC hop, instead of back to back (default 0).
+            optional --gap-us micros: u64
         }
     }
 }
@@ -152,6 +156,18 @@ impl Latencies {
         self.at(q).as_secs_f64() * 1e6
     }
 
+    /// The mean, in microseconds.
+    pub(crate) fn mean_us(&self) -> f64 {
+        self.0.mean() / 1e3
+    }
+
+    /// The share of samples (0 to 1) longer than `limit`.
+    pub(crate) fn over(&self, limit: Duration) -> f64 {
+        let limit = u64::try_from(limit.as_nanos()).unwrap_or(u64::MAX);
+        let within = self.0.count_between(0, limit);
+        self.0.len().saturating_sub(within) as f64 / self.0.len().max(1) as f64
+    }
+
     pub(crate) fn len(&self) -> u64 {
         self.0.len()
     }
@@ -188,6 +204,14 @@ fn bandwidth(
         p50s.insert(0, row.p50_us);
         let mut p99s: Vec<f64> = others.iter().map(|r| r.p99_us).collect();
         p99s.push(row.p99_us);
+        // The mean and the share over 1 ms are over every transfer timed.
+        let weighted = |value: fn(&Row) -> f64| {
+            let all = std::iter::once(&*row).chain(others.iter().copied());
+            let n: u64 = all.clone().map(|r| r.iterations).sum();
+            all.map(|r| value(r) * r.iterations as f64).sum::<f64>() / n.max(1) as f64
+        };
+        let (mean_us, over_1ms) = (weighted(|r| r.mean_us), weighted(|r| r.over_1ms));
+        (row.mean_us, row.over_1ms) = (mean_us, over_1ms);
         row.iterations += others.iter().map(|r| r.iterations).sum::<u64>();
         row.p50_runs_us.clone_from(&p50s);
         row.p50_us = median(&mut p50s);
@@ -245,6 +269,8 @@ fn sweep(
                     gbps: (block * blocks) as f64 / s.at(0.5).as_secs_f64() / 1e9,
                     p50_us: s.us(0.5),
                     p99_us: s.us(0.99),
+                    mean_us: s.mean_us(),
+                    over_1ms: s.over(Duration::from_millis(1)),
                     p50_runs_us: Vec::new(),
                     iterations: s.len(),
                 });
@@ -381,6 +407,9 @@ fn run(config: &flags::Bench) -> Res<()> {
     if config.no_peer_failure_detection {
         movers::without_peer_failure_detection();
     }
+    if let Some(micros) = config.gap_us {
+        xproc::set_gap(Duration::from_micros(micros));
+    }
     if let Some(kind) = &config.peer {
         return xproc::serve(kind);
     }
@@ -465,6 +494,22 @@ mod tests {
             "{}",
             latencies.us(0.0)
         );
+    }
+
+    #[test]
+    fn the_mean_and_the_share_over_a_limit_count_the_slow_transfers() {
+        let mut latencies = Latencies::new().unwrap();
+        for _ in 0..9 {
+            latencies.record(Duration::from_micros(100)).unwrap();
+        }
+        latencies.record(Duration::from_millis(3)).unwrap();
+        // The p50 does not see the slow one; the mean and the share do.
+        assert!((latencies.us(0.5) - 100.0).abs() <= 0.1);
+        let mean = latencies.mean_us();
+        assert!((mean - 390.0).abs() <= 1.0, "{mean}");
+        assert!((latencies.over(Duration::from_millis(1)) - 0.1).abs() < 1e-9);
+        assert_eq!(latencies.over(Duration::from_millis(5)), 0.0);
+        assert_eq!(Latencies::new().unwrap().over(Duration::ZERO), 0.0);
     }
 
     #[test]

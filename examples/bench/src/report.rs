@@ -13,6 +13,11 @@ pub(crate) struct Row {
     pub(crate) gbps: f64,
     pub(crate) p50_us: f64,
     pub(crate) p99_us: f64,
+    /// The mean over every timed transfer of every sweep: unlike the p50, it
+    /// counts the rare slow transfer at its full cost.
+    pub(crate) mean_us: f64,
+    /// The share of timed transfers (0 to 1) that took longer than 1 ms.
+    pub(crate) over_1ms: f64,
     /// Each sweep's p50, in sweep order (`p50_us` is their median).
     pub(crate) p50_runs_us: Vec<f64>,
     pub(crate) iterations: u64,
@@ -97,6 +102,13 @@ pub(crate) fn print(rows: &[Row], extras: &Extras) {
             cell(get("nixl-sys-raw")),
         );
     }
+    let gap = crate::xproc::gap();
+    if !gap.is_zero() {
+        println!(
+            "\nCross-process transfers each start {} us after the last one ended (--gap-us)",
+            gap.as_micros()
+        );
+    }
     println!("\n== cross-process: the passive side in a child process (GB/s; p50 / p99 in us) ==");
     println!(
         "{:<6} {:>8} {:>5} | {:>26} {:>6} | {:>26}",
@@ -128,6 +140,7 @@ pub(crate) fn print(rows: &[Row], extras: &Extras) {
             wide(raw)
         );
     }
+    print_tail(rows);
     for (title, only_with, columns) in RATIO_TABLES {
         print_pairs(rows, title, only_with, columns);
     }
@@ -138,6 +151,40 @@ pub(crate) fn print(rows: &[Row], extras: &Extras) {
     println!("\n== targets ==");
     for line in targets(rows, extras) {
         println!("  {line}");
+    }
+}
+
+/// The cross-process rows' tail: the mean and the share of transfers over
+/// 1 ms, which the p50 does not show.
+fn print_tail(rows: &[Row]) {
+    let (ours, raw) = ("nixl-xproc", "nixl-sys-raw-xproc");
+    if !rows.iter().any(|r| r.backend == ours || r.backend == raw) {
+        return;
+    }
+    println!("\n== cross-process tail: mean us (share of transfers over 1 ms) ==");
+    println!(
+        "{:<6} {:>8} {:>5} | {:>18} | {:>18}",
+        "op", "block", "count", ours, raw
+    );
+    let cell = |r: Option<&Row>| {
+        r.map_or_else(
+            || "-".to_owned(),
+            |r| format!("{:>8.1} ({:>5.1}%)", r.mean_us, r.over_1ms * 100.0),
+        )
+    };
+    for (op, block, blocks) in configs(rows) {
+        let get = |b| find(rows, b, op, block, blocks);
+        if get(ours).is_none() && get(raw).is_none() {
+            continue;
+        }
+        println!(
+            "{:<6} {:>8} {:>5} | {:>18} | {:>18}",
+            op,
+            human(block),
+            blocks,
+            cell(get(ours)),
+            cell(get(raw))
+        );
     }
 }
 
@@ -350,6 +397,7 @@ pub(crate) fn json(rows: &[Row], extras: &Extras) -> String {
             serde_json::json!({
                 "backend": r.backend, "op": r.op, "block_bytes": r.block_bytes, "blocks": r.blocks,
                 "gbps": r.gbps, "p50_us": r.p50_us, "p99_us": r.p99_us,
+                "mean_us": r.mean_us, "over_1ms": r.over_1ms,
                 "p50_runs_us": r.p50_runs_us, "iterations": r.iterations,
             })
         })
@@ -365,6 +413,7 @@ pub(crate) fn json(rows: &[Row], extras: &Extras) -> String {
         "targets": targets(rows, extras),
         "machine": {"cpus": std::thread::available_parallelism().map_or(0, |n| n.get())},
         "nixl": {"peer_failure_detection": crate::movers::peer_failure_detection()},
+        "xproc_gap_us": crate::xproc::gap().as_micros() as u64,
     });
     serde_json::to_string_pretty(&report).unwrap_or_default()
 }
@@ -499,6 +548,8 @@ mod tests {
             gbps,
             p50_us: 1.0,
             p99_us: 2.0,
+            mean_us: 1.5,
+            over_1ms: 0.0,
             p50_runs_us: vec![1.0],
             iterations: 9,
         };

@@ -18,6 +18,7 @@
 use std::cell::RefCell;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use descriptor_core::{Connector, Descriptor, RdmaMetadata};
@@ -27,6 +28,31 @@ use crate::movers::{
     Buf, Mover, Op, Res, blocks, nixl, nixl_connector, peer_failure_detection, ranges, raw_request,
     raw_ucx_params, seeds,
 };
+
+/// Set by `--gap-us`: how long each cross-process mover waits before a
+/// transfer, outside the timing (microseconds).
+static GAP_US: AtomicU64 = AtomicU64::new(0);
+
+/// Makes every cross-process transfer start `gap` after the one before ended.
+pub(crate) fn set_gap(gap: Duration) {
+    GAP_US.store(
+        u64::try_from(gap.as_micros()).unwrap_or(u64::MAX),
+        Ordering::Relaxed,
+    );
+}
+
+/// The pause before each cross-process transfer (`--gap-us`).
+pub(crate) fn gap() -> Duration {
+    Duration::from_micros(GAP_US.load(Ordering::Relaxed))
+}
+
+/// Waits out the gap, if any.
+fn pause() {
+    let gap = gap();
+    if !gap.is_zero() {
+        std::thread::sleep(gap);
+    }
+}
 
 /// NIXL's progress-thread delay of the raw baseline, as the issue asks.
 const RAW_PROGRESS_DELAY: Duration = Duration::from_millis(10);
@@ -194,6 +220,9 @@ impl Mover for XprocApi {
             .parse()
             .map_err(e)?;
         let local = std::mem::take(&mut self.descs);
+        // The peer exposed its memory and said so; a real initiator hears of
+        // it through some RPC, so it may start later.
+        pause();
         let started = Instant::now();
         let (elapsed, back) = match op {
             Op::Read => {
@@ -304,6 +333,7 @@ impl Mover for XprocRaw {
     }
 
     fn run(&mut self, op: Op) -> Res<Duration> {
+        pause();
         let started = Instant::now();
         let req = raw_request(
             &self.agent,
