@@ -629,15 +629,16 @@ impl RegistrationBackend for NixlBackend {
                 post_error,
             },
         );
-        // The watcher must poll every transfer from its post, even one a
-        // waiter is about to poll itself: NIXL moves a transfer on to its
-        // notification only when its status is asked. Waking the watcher
-        // only once somebody waited (tried, to spare the post a wake-up) left
-        // the peer's passive operation waiting for as long as the initiator
-        // did not look at its own (or until the engine's 100 ms safety poll).
-        if matches!(state, TransferState::InProgress) {
-            self.live.kick(0);
-        }
+        // The watcher is not woken here but in `watch`, once the connector
+        // depends on it: a waiter polls the transfer itself first
+        // (`wait_assist`), and most small transfers end meanwhile. Waking it
+        // at every post put a third thread beside the poster and NIXL's own
+        // on UCX's spinlocked worker: on two cores one of them was preempted
+        // holding the lock while another spun on it for a scheduler tick, and
+        // 2-8% of the transfers between processes took 1-5 ms
+        // (docs/performance.md). Until somebody waits, NIXL sends the
+        // transfer's notification (it does so when the status is asked) at
+        // the next look at the operation, or the engine's safety poll.
         Ok(Posted {
             id: TransferId(id),
             state,
@@ -662,6 +663,15 @@ impl RegistrationBackend for NixlBackend {
         crate::progress::WAIT_ASSIST
     }
 
+    fn watch(&self, transfer: TransferId) {
+        let unfinished = lock(&self.live.transfers)
+            .get(&transfer.0)
+            .is_some_and(|t| t.finished.is_none());
+        if unfinished {
+            self.live.kick(0);
+        }
+    }
+
     fn release(&self, transfer: TransferId) -> Result<Release> {
         let mut transfers = lock(&self.live.transfers);
         let Some(t) = transfers.get_mut(&transfer.0) else {
@@ -670,8 +680,11 @@ impl RegistrationBackend for NixlBackend {
         // nixl-sys can abort only by dropping the request, and then NIXL does
         // not say whether the abort took. So a cancelled transfer is left to
         // finish (or fail) and released then: bounded, and sound. The watcher
-        // signals when it ends, and the connector asks again.
+        // (handed the transfer here, if nobody waited on it) signals when it
+        // ends, and the connector asks again.
         if t.check(&self.live.agent).is_none() {
+            drop(transfers);
+            self.live.kick(0);
             return Ok(Release::StillRunning);
         }
         transfers.remove(&transfer.0);

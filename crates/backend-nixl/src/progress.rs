@@ -8,12 +8,15 @@
 //! notify), and signals the connector's [`EventHook`] when it finds something.
 //! The connector's core then stays event-driven, with no transport policy.
 //!
-//! The watcher spins (yielding) for a short window after each post, exposure
-//! or event, when completions are most likely, then backs off to sleeps that
-//! grow to a cap; a new post or exposure wakes it at once. With nothing to
-//! wait for it sleeps until there is. A thread blocked waiting for its own
-//! transfer polls it itself for a while ([`WAIT_ASSIST`]), and the watcher
-//! leaves that transfer to it. The data movement and wire-up are NIXL's
+//! The watcher spins (yielding) for a short window after each exposure, event
+//! or transfer handed to it, when completions are most likely, then backs off
+//! to sleeps that grow to a cap; a new exposure wakes it at once. With nothing
+//! to wait for it sleeps until there is. A posted transfer is handed to it
+//! only once the connector depends on its event
+//! (`RegistrationBackend::watch`): a thread blocked waiting for its own
+//! transfer first polls it itself for a while ([`WAIT_ASSIST`]), and most
+//! small transfers end meanwhile, with no other thread of ours on UCX's
+//! worker. The data movement and wire-up are NIXL's
 //! progress thread's (event-driven with a delay): with it the agent also
 //! serves peers when it has nothing in flight itself.
 //!
@@ -30,7 +33,13 @@
 //!   24-26 µs instead of 36-39, but across processes transfers from
 //!   4 KiB × 16 to 1 MiB ran 10-27% slower (the target then waits for this
 //!   watcher's polls), so the thread stays on;
-//! - `ThreadSync::Strict` did better than `Rw`.
+//! - `ThreadSync::Strict` did better than `Rw`;
+//! - waking the watcher at every post (until this round) put a third thread
+//!   beside the poster and NIXL's on UCX's worker, whose lock is a spinlock:
+//!   on two cores one was preempted holding it while another spun on it for
+//!   a scheduler tick. Across processes 2-8% of the transfers that followed
+//!   a 2 ms pause took 1-5 ms (0.0-0.8% without that wake-up), and the p50
+//!   went from 0.60-0.95 to 0.75-1.00 x raw's.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, TryLockError};
@@ -39,7 +48,8 @@ use std::time::{Duration, Instant};
 use descriptor_core::{EventHook, Notification, SharedCause, TransferState};
 use nixl_sys::{Agent, NotificationMap, XferRequest, XferStatus};
 
-/// How long the watcher polls without sleeping after a post or an event.
+/// How long the watcher polls without sleeping after it is handed something
+/// or sees an event.
 pub(crate) const SPIN: Duration = Duration::from_micros(100);
 /// First sleep after the spin window; each idle round doubles it.
 const FIRST_SLEEP: Duration = Duration::from_micros(10);
@@ -102,7 +112,7 @@ impl Transfer {
 struct Watch {
     /// Exposures a peer may notify.
     exposures: usize,
-    /// Something new was posted or exposed since the watcher last looked.
+    /// Something new to watch since the watcher last looked.
     kicked: bool,
     /// The watcher is blocked on `wake` (set and cleared under the lock).
     asleep: bool,
@@ -141,7 +151,7 @@ impl Live {
         self.hook.get().is_some()
     }
 
-    /// Something to watch was added: a transfer posted, an exposure made.
+    /// Something to watch was added: a transfer handed over, an exposure made.
     pub(crate) fn kick(&self, exposures: isize) {
         let mut watch = lock(&self.watch);
         watch.exposures = watch.exposures.saturating_add_signed(exposures);
@@ -266,7 +276,7 @@ impl Live {
             }
             watch.asleep = true;
             let mut watch = if !in_flight && watch.exposures == 0 {
-                // Nothing to wait for: sleep until something is posted or exposed.
+                // Nothing to wait for: sleep until something is handed over.
                 self.wake
                     .wait(watch)
                     .unwrap_or_else(PoisonError::into_inner)

@@ -331,6 +331,18 @@ pub trait RegistrationBackend: Send + Sync + 'static {
         std::time::Duration::ZERO
     }
 
+    /// The connector now waits for the [event hook](Self::set_event_hook) to
+    /// report the end of `transfer`: a blocked waiter stopped polling it
+    /// itself and is about to sleep, or a future is waiting for it. Called
+    /// from the waiting thread, with no lock of the connector held; must not
+    /// block. A backend that does not watch a fresh transfer until somebody
+    /// depends on it (NIXL: its watcher thread is not woken by the post, so
+    /// the posting thread, which usually polls the transfer itself, runs
+    /// alone) starts watching it here (default: nothing to do).
+    fn watch(&self, transfer: TransferId) {
+        let _ = transfer;
+    }
+
     /// Installs the hook an event-driven backend calls on every completion and
     /// notification, and returns true; a backend that must be polled returns false.
     fn set_event_hook(&self, hook: EventHook) -> bool {
@@ -394,6 +406,9 @@ impl<B: RegistrationBackend + ?Sized> RegistrationBackend for Box<B> {
     }
     fn wait_assist(&self) -> std::time::Duration {
         (**self).wait_assist()
+    }
+    fn watch(&self, transfer: TransferId) {
+        (**self).watch(transfer);
     }
     fn set_event_hook(&self, hook: EventHook) -> bool {
         (**self).set_event_hook(hook)

@@ -560,6 +560,10 @@ impl<B: RegistrationBackend> RegistrationBackend for Faulty<B> {
         self.shared.inner.wait_assist()
     }
 
+    fn watch(&self, transfer: TransferId) {
+        self.shared.inner.watch(transfer);
+    }
+
     fn set_event_hook(&self, hook: EventHook) -> bool {
         let accepted = self.shared.inner.set_event_hook(Arc::clone(&hook));
         if accepted {

@@ -71,6 +71,8 @@ pub(crate) struct Scripted {
     pub(crate) polls_before_done: AtomicUsize,
     /// What `wait_assist` answers.
     pub(crate) assist: Mutex<std::time::Duration>,
+    /// Calls to `watch`.
+    pub(crate) watched: AtomicUsize,
     /// When set, `release` blocks until this receives (or its sender is
     /// dropped): a settle caught in the middle.
     #[cfg(not(loom))]
@@ -95,6 +97,7 @@ impl Scripted {
             calls: AtomicUsize::new(0),
             polls_before_done: AtomicUsize::new(0),
             assist: Mutex::new(std::time::Duration::ZERO),
+            watched: AtomicUsize::new(0),
             #[cfg(not(loom))]
             release_gate: Mutex::new(None),
         }
@@ -303,6 +306,10 @@ impl RegistrationBackend for Scripted {
 
     fn wait_assist(&self) -> std::time::Duration {
         *self.assist.lock().unwrap()
+    }
+
+    fn watch(&self, _transfer: TransferId) {
+        self.watched.fetch_add(1, Ordering::SeqCst);
     }
 
     fn set_event_hook(&self, hook: EventHook) -> bool {

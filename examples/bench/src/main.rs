@@ -204,14 +204,14 @@ fn bandwidth(
         p50s.insert(0, row.p50_us);
         let mut p99s: Vec<f64> = others.iter().map(|r| r.p99_us).collect();
         p99s.push(row.p99_us);
-        // The mean and the share over 1 ms are over every transfer timed.
+        // The mean and the share of stalls are over every transfer timed.
         let weighted = |value: fn(&Row) -> f64| {
             let all = std::iter::once(&*row).chain(others.iter().copied());
             let n: u64 = all.clone().map(|r| r.iterations).sum();
             all.map(|r| value(r) * r.iterations as f64).sum::<f64>() / n.max(1) as f64
         };
-        let (mean_us, over_1ms) = (weighted(|r| r.mean_us), weighted(|r| r.over_1ms));
-        (row.mean_us, row.over_1ms) = (mean_us, over_1ms);
+        let (mean_us, slow) = (weighted(|r| r.mean_us), weighted(|r| r.slow));
+        (row.mean_us, row.slow) = (mean_us, slow);
         row.iterations += others.iter().map(|r| r.iterations).sum::<u64>();
         row.p50_runs_us.clone_from(&p50s);
         row.p50_us = median(&mut p50s);
@@ -270,7 +270,7 @@ fn sweep(
                     p50_us: s.us(0.5),
                     p99_us: s.us(0.99),
                     mean_us: s.mean_us(),
-                    over_1ms: s.over(Duration::from_millis(1)),
+                    slow: s.over(s.at(0.5) * SLOW),
                     p50_runs_us: Vec::new(),
                     iterations: s.len(),
                 });
@@ -283,6 +283,10 @@ fn sweep(
     }
     Ok(rows)
 }
+
+/// A transfer slower than this many times its sweep's p50 counts as stalled
+/// (`slow_share` in the report).
+pub(crate) const SLOW: u32 = 4;
 
 /// Most transfers timed in one turn of a mover.
 const TURN: usize = 5;

@@ -614,6 +614,7 @@ impl OpShared {
                 std::thread::yield_now();
             }
         }
+        let mut watched = false;
         let mut st = self.lock();
         loop {
             if st.settled {
@@ -626,6 +627,15 @@ impl OpShared {
                     _ => return Err(Error::TimedOut(timeout.unwrap_or_default())),
                 },
             };
+            // About to sleep until the backend's event: it must be watching.
+            if let (false, Pending::Transfer(id)) = (watched, st.pending) {
+                watched = true;
+                drop(st);
+                // A backend call: not under the lock.
+                self.backend.watch(id);
+                st = self.lock();
+                continue;
+            }
             st = self.sleep(st, left);
         }
     }
@@ -649,7 +659,7 @@ impl OpShared {
         }
         // Cloning a waker runs the executor's code: not under the lock.
         let waker = cx.waker().clone();
-        let replaced = {
+        let (replaced, watch) = {
             let mut st = self.lock();
             if st.settled {
                 let result = st.result();
@@ -659,17 +669,26 @@ impl OpShared {
             }
             let existing = slot.and_then(|s| st.wakers.iter_mut().find(|(id, _)| *id == s));
             match existing {
-                Some((_, w)) => Some(std::mem::replace(w, waker)),
+                Some((_, w)) => (Some(std::mem::replace(w, waker)), None),
                 None => {
                     let id = st.next_slot;
                     st.next_slot += 1;
                     st.wakers.push((id, waker));
                     *slot = Some(id);
-                    None
+                    // A new future now depends on the backend's event.
+                    let transfer = match st.pending {
+                        Pending::Transfer(transfer) => Some(transfer),
+                        _ => None,
+                    };
+                    (None, transfer)
                 }
             }
         };
         drop(replaced);
+        if let Some(transfer) = watch {
+            // A backend call: not under the lock.
+            self.backend.watch(transfer);
+        }
         Poll::Pending
     }
 

@@ -482,6 +482,71 @@ fn a_waker_that_re_enters_its_operation_does_not_deadlock(#[case] action: &'stat
 }
 
 #[test]
+fn the_backend_is_asked_to_watch_a_transfer_only_once_somebody_waits_on_its_event() {
+    let backend = Arc::new(Scripted::new(true, true));
+    *backend.assist.lock().unwrap() = Duration::from_millis(1);
+    let watched = || backend.watched.load(Ordering::SeqCst);
+    let c = connector(&backend);
+    let read = c
+        .begin_read(&remote(64), vec![Descriptor::new(vec![0u8; 64]).unwrap()])
+        .unwrap();
+    // Posting, and looking (a wait that does not sleep), ask nothing.
+    assert!(matches!(
+        read.wait_timeout(Duration::ZERO),
+        Err(Error::TimedOut(_))
+    ));
+    assert_eq!(read.status(), OperationStatus::InProgress);
+    assert_eq!(watched(), 0);
+    // A waiter whose assist window ran out asks once, then sleeps until the
+    // event.
+    let waiter = std::thread::spawn(move || read.wait_timeout(BOUND));
+    eventually("the waiter asked the backend to watch", || watched() == 1);
+    backend.set_poll(TransferState::Done);
+    backend.signal();
+    waiter.join().unwrap().unwrap();
+    assert_eq!(watched(), 1);
+
+    // A future asks on its first pending poll, and not again for the same waker.
+    backend.set_poll(TransferState::InProgress);
+    let read = c
+        .begin_read(&remote(64), vec![Descriptor::new(vec![0u8; 64]).unwrap()])
+        .unwrap();
+    let counting = Arc::new(Counting(AtomicUsize::new(0)));
+    let waker = Waker::from(Arc::clone(&counting));
+    let mut future = read.completion();
+    for _ in 0..3 {
+        assert!(
+            Pin::new(&mut future)
+                .poll(&mut Context::from_waker(&waker))
+                .is_pending()
+        );
+    }
+    assert_eq!(watched(), 2);
+    backend.set_poll(TransferState::Done);
+    backend.signal();
+    assert_eq!(counting.0.load(Ordering::SeqCst), 1);
+    assert!(matches!(
+        Pin::new(&mut future).poll(&mut Context::from_waker(&waker)),
+        Poll::Ready(Ok(()))
+    ));
+    assert_eq!(watched(), 2);
+}
+
+#[test]
+fn a_transfer_that_ends_within_the_assist_window_is_never_watched() {
+    let backend = Arc::new(Scripted::new(true, true));
+    *backend.assist.lock().unwrap() = BOUND;
+    let c = connector(&backend);
+    let read = c
+        .begin_read(&remote(64), vec![Descriptor::new(vec![0u8; 64]).unwrap()])
+        .unwrap();
+    backend.polls_before_done.store(20, Ordering::SeqCst);
+    backend.set_poll(TransferState::Done);
+    read.wait_timeout(BOUND).unwrap();
+    assert_eq!(backend.watched.load(Ordering::SeqCst), 0);
+}
+
+#[test]
 fn a_waiter_with_an_assist_window_completes_its_transfer_itself() {
     // Event-driven, and the hook is never called: only the waiter's own
     // polls (the backend's `wait_assist`) can see the transfer end.
