@@ -115,12 +115,14 @@ impl NixlBackendBuilder {
     /// metadata) waits until it has.
     ///
     /// Measured on the 2-core test machine (`bench --movers
-    /// nixl-no-thread,nixl-xproc-no-thread,...`, docs/performance.md): with
-    /// both agents of a pair in one process, turning it off cut a 4 KiB
-    /// transfer's p50 from 36-39 µs to 24-26 µs. Across processes it made
-    /// transfers from 4 KiB × 16 to 1 MiB 10-27% slower, because the target
-    /// then answers only when its watcher polls: keep it for peers in other
-    /// processes.
+    /// nixl-no-thread,nixl-xproc-no-thread,...`, docs/performance.md). Back
+    /// to back, turning it off makes transfers faster: a 4 KiB transfer
+    /// between processes took 33-40 µs instead of 68-87 (an earlier round, on
+    /// another machine, measured the opposite from 4 KiB × 16 to 1 MiB). But
+    /// a target without it answers only when its watcher polls, which naps
+    /// up to 1 ms while a passive operation waits: a 4 KiB transfer that
+    /// followed a 2 ms pause (`bench --gap-us 2000`) took 1.16 ms instead of
+    /// 0.19-0.21 ms. Keep it for peers that do not transfer back to back.
     pub fn progress_thread(mut self, enabled: bool) -> Self {
         self.progress_thread = enabled;
         self

@@ -29,12 +29,12 @@
 //!   status gained nothing and cost CPU;
 //! - NIXL's progress thread's delay (1, 10, 100 ms) did not change latency
 //!   (it wakes on traffic) but set the idle cost, lowest at 100 ms;
-//! - without NIXL's thread, a pair in one process ran a 4 KiB transfer in
-//!   24-26 µs instead of 36-39, but across processes transfers from
-//!   4 KiB × 16 to 1 MiB ran 10-27% slower (the target then waits for this
-//!   watcher's polls), so the thread stays on;
+//! - without NIXL's thread, transfers back to back ran faster (4 KiB between
+//!   processes in 33-40 µs instead of 68-87), but a target then answers only
+//!   at its watcher's next poll: a 4 KiB transfer after a 2 ms pause took
+//!   1.16 ms instead of 0.19-0.21 ms. So the thread stays on;
 //! - `ThreadSync::Strict` did better than `Rw`;
-//! - waking the watcher at every post (until this round) put a third thread
+//! - waking the watcher at every post (the earlier design) put a third thread
 //!   beside the poster and NIXL's on UCX's worker, whose lock is a spinlock:
 //!   on two cores one was preempted holding it while another spun on it for
 //!   a scheduler tick. Across processes 2-8% of the transfers that followed
