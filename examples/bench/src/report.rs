@@ -122,12 +122,7 @@ pub(crate) fn print(rows: &[Row], extras: &Extras) {
             |r| format!("{:6.2} ({:>7.1} / {:>7.1})", r.gbps, r.p50_us, r.p99_us),
         )
     };
-    for (op, block, blocks) in configs(rows) {
-        let get = |b| find(rows, b, op, block, blocks);
-        let (ours, raw) = (get("nixl-xproc"), get("nixl-sys-raw-xproc"));
-        if ours.is_none() && raw.is_none() {
-            continue;
-        }
+    for (op, block, blocks, ours, raw) in xproc_pairs(rows) {
         let ratio = match (ours, raw) {
             (Some(a), Some(b)) => format!("{:.2}", a.gbps / b.gbps),
             _ => "-".into(),
@@ -156,11 +151,32 @@ pub(crate) fn print(rows: &[Row], extras: &Extras) {
     }
 }
 
+/// The cross-process configurations measured, in measurement order, each
+/// with ours' and raw's row.
+type XprocPair<'a> = (&'static str, usize, usize, Option<&'a Row>, Option<&'a Row>);
+
+fn xproc_pairs(rows: &[Row]) -> Vec<XprocPair<'_>> {
+    configs(rows)
+        .into_iter()
+        .map(|(op, block, blocks)| {
+            let get = |b| find(rows, b, op, block, blocks);
+            (
+                op,
+                block,
+                blocks,
+                get("nixl-xproc"),
+                get("nixl-sys-raw-xproc"),
+            )
+        })
+        .filter(|(_, _, _, ours, raw)| ours.is_some() || raw.is_some())
+        .collect()
+}
+
 /// The cross-process rows' tail: the mean and the share of stalled
 /// transfers, which the p50 does not show.
 fn print_tail(rows: &[Row]) {
-    let (ours, raw) = ("nixl-xproc", "nixl-sys-raw-xproc");
-    if !rows.iter().any(|r| r.backend == ours || r.backend == raw) {
+    let pairs = xproc_pairs(rows);
+    if pairs.is_empty() {
         return;
     }
     println!(
@@ -169,7 +185,7 @@ fn print_tail(rows: &[Row]) {
     );
     println!(
         "{:<6} {:>8} {:>5} | {:>18} | {:>18}",
-        "op", "block", "count", ours, raw
+        "op", "block", "count", "nixl-xproc", "nixl-sys-raw-xproc"
     );
     let cell = |r: Option<&Row>| {
         r.map_or_else(
@@ -177,18 +193,14 @@ fn print_tail(rows: &[Row]) {
             |r| format!("{:>8.1} ({:>5.1}%)", r.mean_us, r.slow * 100.0),
         )
     };
-    for (op, block, blocks) in configs(rows) {
-        let get = |b| find(rows, b, op, block, blocks);
-        if get(ours).is_none() && get(raw).is_none() {
-            continue;
-        }
+    for (op, block, blocks, ours, raw) in pairs {
         println!(
             "{:<6} {:>8} {:>5} | {:>18} | {:>18}",
             op,
             human(block),
             blocks,
-            cell(get(ours)),
-            cell(get(raw))
+            cell(ours),
+            cell(raw)
         );
     }
 }
