@@ -1,4 +1,5 @@
-//! [`NixlBackend`]: one NIXL agent behind the core trait.
+//! [`NixlBackend`]: NIXL agents behind the core trait (one that serves peers,
+//! and one that posts this connector's transfers when NIXL's thread is on).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -114,14 +115,22 @@ impl NixlBackendBuilder {
     /// operation waiting: a peer that reaches it at any other time (stale
     /// metadata) waits until it has.
     ///
-    /// Measured on the 2-core test machine (`bench --movers
-    /// nixl-no-thread,nixl-xproc-no-thread,...`, docs/performance.md). Back
-    /// to back, turning it off makes transfers faster: a 4 KiB transfer
-    /// between processes took 33-40 µs instead of 68-87 (an earlier round, on
-    /// another machine, measured the opposite from 4 KiB × 16 to 1 MiB). But
-    /// a target without it answers only when its watcher polls, which naps
-    /// up to 1 ms while a passive operation waits: a 4 KiB transfer that
-    /// followed a 2 ms pause (`bench --gap-us 2000`) took 1.16 ms instead of
+    /// With the thread on, the backend runs two NIXL agents: the one called
+    /// by the builder's name, with the thread, holds the memory peers reach
+    /// and receives their notifications; the connector's own READs and WRITEs
+    /// go out through a second one, `<name>.initiator`, without it (so a peer
+    /// receives their notifications from that name). Memory is registered
+    /// with both. On the thread's worker, UCX's lock is a spinlock: with the
+    /// thread beside the thread that posts and waits, one was preempted
+    /// holding it while the other spun until the scheduler's tick, and on the
+    /// 2-core test machine 1-17% of the transfers between processes took
+    /// 1-5 ms; through the second agent, 0-1% (docs/performance.md).
+    ///
+    /// Measured on that machine (`bench --movers
+    /// nixl-no-thread,nixl-xproc-no-thread,...`): without the thread at all,
+    /// a target answers only when its watcher polls, which naps up to 1 ms
+    /// while a passive operation waits: a 4 KiB transfer that followed a
+    /// 2 ms pause (`bench --gap-us 2000`) took 1.16 ms instead of
     /// 0.19-0.21 ms. Keep it for peers that do not transfer back to back.
     pub fn progress_thread(mut self, enabled: bool) -> Self {
         self.progress_thread = enabled;
@@ -179,16 +188,41 @@ impl NixlBackendBuilder {
         if let Some(level) = self.log_level {
             runtime::set_log_level(level)?;
         }
+        let serving = self.agent(&self.name, self.progress_thread, &plugins)?;
+        // With NIXL's thread serving peers, this connector's own transfers go
+        // through a second agent without one (see `Live`).
+        let initiator = if self.progress_thread {
+            Some(self.agent(&initiator_name(&self.name), false, &plugins)?)
+        } else {
+            None
+        };
+        tracing::debug!(agent = %self.name, ?plugins, scope = ?self.scope, "created NIXL agent");
+        Ok(NixlBackend {
+            live: Arc::new(Live::new(serving, initiator)),
+            watcher: Mutex::new(None),
+            name: self.name,
+            scope: self.scope,
+            next_id: AtomicU64::new(1),
+            regions: Mutex::new(HashMap::new()),
+            connections: Mutex::new(HashMap::new()),
+            connection_md: Mutex::new(None),
+        })
+    }
+}
+
+impl NixlBackendBuilder {
+    /// One NIXL agent called `name`, with the builder's plugins and settings.
+    fn agent(&self, name: &str, progress_thread: bool, plugins: &[String]) -> Result<Agent> {
         let config = AgentConfig {
-            enable_prog_thread: self.progress_thread,
+            enable_prog_thread: progress_thread,
             pthr_delay_us: u64::try_from(self.progress_delay.as_micros()).unwrap_or(u64::MAX),
             thread_sync: self.thread_sync,
             ..AgentConfig::default()
         };
-        let context = |what: &str| format!("{what} (agent {:?})", self.name);
-        let agent = Agent::new_configured(&self.name, &config)
+        let context = |what: &str| format!("{what} (agent {name:?})");
+        let agent = Agent::new_configured(name, &config)
             .map_err(|e| nixl_error(context("create agent"), e))?;
-        for plugin in &plugins {
+        for plugin in plugins {
             let (_mems, mut params) = agent
                 .get_plugin_params(plugin)
                 .map_err(|e| nixl_error(context(&format!("load plugin {plugin}")), e))?;
@@ -201,21 +235,21 @@ impl NixlBackendBuilder {
                 .create_backend(plugin, &params)
                 .map_err(|e| nixl_error(context(&format!("create {plugin} backend")), e))?;
         }
-        tracing::debug!(agent = %self.name, ?plugins, scope = ?self.scope, "created NIXL agent");
-        Ok(NixlBackend {
-            live: Arc::new(Live::new(agent)),
-            watcher: Mutex::new(None),
-            name: self.name,
-            scope: self.scope,
-            next_id: AtomicU64::new(1),
-            regions: Mutex::new(HashMap::new()),
-            connections: Mutex::new(HashMap::new()),
-            connection_md: Mutex::new(None),
-        })
+        Ok(agent)
     }
 }
 
+/// The name of the agent that initiates a connector's transfers, beside the
+/// one called `name` that serves peers.
+fn initiator_name(name: &str) -> String {
+    format!("{name}.initiator")
+}
+
 /// A real NIXL agent (UCX by default) implementing [`RegistrationBackend`].
+///
+/// With NIXL's progress thread on (the default), a second agent without it,
+/// `<name>.initiator`, posts this connector's READs and WRITEs: see
+/// [`NixlBackendBuilder::progress_thread`].
 ///
 /// Registers DRAM and CUDA VRAM, exposes regions through NIXL agent metadata,
 /// loads peers (Rust or Python Dynamo workers), posts READ/WRITE with the passive
@@ -226,7 +260,7 @@ impl NixlBackendBuilder {
 /// [`revocation_enforced`](RegistrationBackend::revocation_enforced) is false: the
 /// connector leaks, rather than frees, memory a peer may still touch.
 pub struct NixlBackend {
-    /// The agent, its transfers and what its watcher thread shares.
+    /// The agents, the transfers and what the watcher thread shares.
     live: Arc<Live>,
     /// The watcher thread, once the connector installed its event hook.
     watcher: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -252,8 +286,8 @@ impl std::fmt::Debug for NixlBackend {
 struct Region {
     segment: Segment,
     writable: bool,
-    // Dropping the handle deregisters the memory.
-    _handle: RegistrationHandle,
+    // Dropping the handles deregisters the memory (from each agent).
+    _handles: Vec<RegistrationHandle>,
 }
 
 /// A registered range as nixl-sys wants to see it.
@@ -399,7 +433,7 @@ impl NixlBackend {
     }
 
     fn load(&self, blob: &[u8], what: &str) -> Result<String> {
-        self.live.agent.load_remote_md(blob).map_err(|e| {
+        self.live.initiating().load_remote_md(blob).map_err(|e| {
             let context = match nixl_agent_name(blob) {
                 // NIXL refuses new connection info for a name it has loaded.
                 Some(peer) => format!(
@@ -454,19 +488,27 @@ impl RegistrationBackend for NixlBackend {
             mem,
             device,
         };
-        let handle = self.live.agent.register_memory(&range, None).map_err(|e| {
-            nixl_error(
-                format!("register {} bytes of {}", region.len, region.device),
-                e,
-            )
-        })?;
+        // With each agent: peers reach it through the serving one, this
+        // connector's transfers use it through the initiating one.
+        let handles = self
+            .live
+            .agents()
+            .map(|agent| {
+                agent.register_memory(&range, None).map_err(|e| {
+                    nixl_error(
+                        format!("register {} bytes of {}", region.len, region.device),
+                        e,
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
         let id = self.id();
         lock(&self.regions).insert(
             id,
             Region {
                 segment: *region,
                 writable,
-                _handle: handle,
+                _handles: handles,
             },
         );
         Ok(RegionId(id))
@@ -569,7 +611,7 @@ impl RegistrationBackend for NixlBackend {
     fn unload_remote(&self, peer: &str) -> Result<()> {
         lock(&self.connections).retain(|_, name| name != peer);
         self.live
-            .agent
+            .initiating()
             .invalidate_remote_md(peer)
             .map_err(|e| nixl_error(format!("unload peer {peer:?}"), e))
     }
@@ -596,7 +638,7 @@ impl RegistrationBackend for NixlBackend {
         }
         let xfer = self
             .live
-            .agent
+            .initiating()
             .create_xfer_req(op, &local, &remote, request.peer, Some(&args))
             .map_err(|e| match e {
                 NixlError::FailedToCreateXferRequest | NixlError::NotFound => Error::AccessDenied {
@@ -611,7 +653,7 @@ impl RegistrationBackend for NixlBackend {
         // A failed post may have started some of its work (a peer dying mid-copy
         // fails it halfway), so the request is kept like a running one: it is
         // reported failed, and released only once NIXL says it is not running.
-        let (finished, post_error) = match self.live.agent.post_xfer_req(&xfer, None) {
+        let (finished, post_error) = match self.live.initiating().post_xfer_req(&xfer, None) {
             Ok(true) => (None, None),
             Ok(false) => (Some(TransferState::Done), None),
             Err(e) => (
@@ -631,16 +673,12 @@ impl RegistrationBackend for NixlBackend {
                 post_error,
             },
         );
-        // The watcher is not woken here but in `watch`, once the connector
-        // depends on it: a waiter polls the transfer itself first
-        // (`wait_assist`), and most small transfers end meanwhile. Waking it
-        // at every post put a third thread beside the poster and NIXL's own
-        // on UCX's spinlocked worker: on two cores one of them was preempted
-        // holding the lock while another spun on it for a scheduler tick, and
-        // 2-8% of the transfers between processes took 1-5 ms
-        // (docs/performance.md). Until somebody waits, NIXL sends the
-        // transfer's notification (it does so when the status is asked) at
-        // the next look at the operation, or the engine's safety poll.
+        // The initiating agent runs no NIXL thread: the watcher moves the
+        // transfer on (and sends its notification) when nobody waits on it.
+        // It leaves alone a transfer that a waiting thread polls.
+        if matches!(state, TransferState::InProgress) {
+            self.live.kick(0);
+        }
         Ok(Posted {
             id: TransferId(id),
             state,
@@ -657,21 +695,12 @@ impl RegistrationBackend for NixlBackend {
         if !crate::progress::on_watcher() {
             t.assisted = Some(std::time::Instant::now());
         }
-        t.check(&self.live.agent)
+        t.check(self.live.initiating())
             .unwrap_or(TransferState::InProgress)
     }
 
     fn wait_assist(&self) -> Duration {
         crate::progress::WAIT_ASSIST
-    }
-
-    fn watch(&self, transfer: TransferId) {
-        let unfinished = lock(&self.live.transfers)
-            .get(&transfer.0)
-            .is_some_and(|t| t.finished.is_none());
-        if unfinished {
-            self.live.kick(0);
-        }
     }
 
     fn release(&self, transfer: TransferId) -> Result<Release> {
@@ -682,11 +711,9 @@ impl RegistrationBackend for NixlBackend {
         // nixl-sys can abort only by dropping the request, and then NIXL does
         // not say whether the abort took. So a cancelled transfer is left to
         // finish (or fail) and released then: bounded, and sound. The watcher
-        // (handed the transfer here, if nobody waited on it) signals when it
-        // ends, and the connector asks again.
-        if t.check(&self.live.agent).is_none() {
-            drop(transfers);
-            self.live.kick(0);
+        // (handed every transfer at its post) signals when it ends, and the
+        // connector asks again.
+        if t.check(self.live.initiating()).is_none() {
             return Ok(Release::StillRunning);
         }
         transfers.remove(&transfer.0);

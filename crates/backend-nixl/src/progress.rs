@@ -10,15 +10,16 @@
 //!
 //! The watcher spins (yielding) for a short window after each exposure, event
 //! or transfer handed to it, when completions are most likely, then backs off
-//! to sleeps that grow to a cap; a new exposure wakes it at once. With nothing
-//! to wait for it sleeps until there is. A posted transfer is handed to it
-//! only once the connector depends on its event
-//! (`RegistrationBackend::watch`): a thread blocked waiting for its own
-//! transfer first polls it itself for a while ([`WAIT_ASSIST`]), and most
-//! small transfers end meanwhile, with no other thread of ours on UCX's
-//! worker. The data movement and wire-up are NIXL's
-//! progress thread's (event-driven with a delay): with it the agent also
-//! serves peers when it has nothing in flight itself.
+//! to sleeps that grow to a cap; a new exposure or post wakes it at once.
+//! With nothing to wait for it sleeps until there is. A thread blocked
+//! waiting for its own transfer first polls it itself for a while
+//! ([`WAIT_ASSIST`]), and the watcher leaves such a transfer alone.
+//!
+//! Two agents, when NIXL's progress thread is on (the default, see [`Live`]):
+//! the serving one runs that thread (event-driven, with a delay), which moves
+//! data for peers and serves them even when the connector has nothing in
+//! flight; the connector's own transfers go through a second agent without
+//! one, progressed only by the waiting thread and the watcher.
 //!
 //! Measured on the 2-core test machine (docs/performance.md):
 //! - spinning on the *target* side after an exposure lowered the initiator's
@@ -34,12 +35,13 @@
 //!   at its watcher's next poll: a 4 KiB transfer after a 2 ms pause took
 //!   1.16 ms instead of 0.19-0.21 ms. So the thread stays on;
 //! - `ThreadSync::Strict` did better than `Rw`;
-//! - waking the watcher at every post (the earlier design) put a third thread
-//!   beside the poster and NIXL's on UCX's worker, whose lock is a spinlock:
-//!   on two cores one was preempted holding it while another spun on it for
-//!   a scheduler tick. Across processes 2-8% of the transfers that followed
-//!   a 2 ms pause took 1-5 ms (0.0-0.8% without that wake-up), and the p50
-//!   went from 0.60-0.95 to 0.75-1.00 x raw's.
+//! - NIXL's thread beside the posting (or waiting) thread on the worker that
+//!   posts: UCX's worker lock is a spinlock, and on two cores one thread was
+//!   preempted holding it while the other spun until the scheduler's tick.
+//!   Back to back, 1-17% of the transfers between processes took 1-5 ms.
+//!   Posting through an agent without that thread removed them (0-1%) and
+//!   put the p50 at 0.9-1.1 × raw nixl-sys's; the serving agent keeps its
+//!   thread, so a transfer after a pause is answered as before.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, TryLockError};
@@ -119,9 +121,20 @@ struct Watch {
     shutdown: bool,
 }
 
-/// The agent and the state its watcher shares with the backend.
+/// The agents and the state the watcher shares with the backend.
+///
+/// `agent` serves peers: it holds the memory they reach, its metadata is what
+/// they load, and notifications arrive on it. With NIXL's progress thread on,
+/// that thread runs there, and the connector's own transfers go through a
+/// second agent, `initiator`, without one: only the thread that waits on a
+/// transfer and the watcher then call into its UCX worker. With NIXL's
+/// thread beside them on one worker, whose lock spins, a thread was
+/// preempted holding it while another spun for a scheduler tick: 1-17% of the
+/// transfers between processes took 1-5 ms on the 2-core test machine
+/// (docs/performance.md).
 pub(crate) struct Live {
     pub(crate) agent: Agent,
+    initiator: Option<Agent>,
     pub(crate) transfers: Mutex<HashMap<u64, Transfer>>,
     /// Notifications the watcher collected, for `drain_notifications`.
     inbox: Mutex<Vec<Notification>>,
@@ -131,15 +144,27 @@ pub(crate) struct Live {
 }
 
 impl Live {
-    pub(crate) fn new(agent: Agent) -> Live {
+    pub(crate) fn new(agent: Agent, initiator: Option<Agent>) -> Live {
         Live {
             agent,
+            initiator,
             transfers: Mutex::new(HashMap::new()),
             inbox: Mutex::new(Vec::new()),
             watch: Mutex::new(Watch::default()),
             wake: Condvar::new(),
             hook: OnceLock::new(),
         }
+    }
+
+    /// The agent that posts this connector's transfers (and loads the peers
+    /// they go to).
+    pub(crate) fn initiating(&self) -> &Agent {
+        self.initiator.as_ref().unwrap_or(&self.agent)
+    }
+
+    /// Every agent, the serving one first.
+    pub(crate) fn agents(&self) -> impl Iterator<Item = &Agent> {
+        std::iter::once(&self.agent).chain(&self.initiator)
     }
 
     /// Installs the hook; false if one was installed already.
@@ -226,7 +251,7 @@ impl Live {
                 in_flight = true;
                 continue;
             }
-            match t.check(&self.agent) {
+            match t.check(self.initiating()) {
                 Some(_) => ended = true,
                 None => in_flight = true,
             }

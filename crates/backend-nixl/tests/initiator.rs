@@ -1,0 +1,109 @@
+//! With NIXL's progress thread on, a connector's own transfers go out through
+//! a second agent, `<name>.initiator`, that runs no NIXL thread; peers reach
+//! the agent called `<name>`. Driven through the backend trait, so that the
+//! sender of each notification can be read.
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+use std::time::{Duration, Instant};
+
+use backend_nixl::NixlBackend;
+use descriptor_core::{
+    Device, Notification, OperationKind, RegistrationBackend, Release, Segment, TransferRequest,
+    TransferState,
+};
+use test_support::pattern;
+
+const BOUND: Duration = Duration::from_secs(10);
+
+fn segment(buf: &mut [u8]) -> Segment {
+    Segment {
+        addr: buf.as_mut_ptr().expose_provenance(),
+        len: buf.len(),
+        device: Device::HOST,
+    }
+}
+
+/// WRITEs 4 KiB from `from` into memory `to` exposed, and returns the
+/// notification `to` received and the bytes that landed.
+fn write_once(from: &NixlBackend, to: &NixlBackend) -> (Notification, Vec<u8>) {
+    let mut target = vec![0u8; 4096];
+    let mut source = pattern(7, 4096);
+    let (target_seg, source_seg) = (segment(&mut target), segment(&mut source));
+    // SAFETY: both buffers outlive their registrations: they are revoked and
+    // deregistered below, after the transfer ended, before the buffers drop.
+    let (target_region, source_region, exposure) = unsafe {
+        let target_region = to.register(&target_seg, true).unwrap();
+        let exposure = to
+            .expose(&[target_region], OperationKind::Write, b"key")
+            .unwrap();
+        let source_region = from.register(&source_seg, false).unwrap();
+        (target_region, source_region, exposure)
+    };
+    let peer = from.load_remote(&exposure.agent_metadata).unwrap();
+    assert_eq!(peer, to.agent_name());
+    let request = TransferRequest {
+        op: OperationKind::Write,
+        peer: &peer,
+        local: &[source_seg],
+        remote: &[target_seg],
+        notification: b"key",
+        notify: true,
+    };
+    // SAFETY: the local segment is registered with `from` above, and the
+    // buffer lives until the transfer has ended and was released (below).
+    let posted = unsafe { from.post(&request) }.unwrap();
+    let started = Instant::now();
+    let mut got = Vec::new();
+    // A target without NIXL's thread (and with no connector's watcher)
+    // progresses only when asked for notifications: ask in the same loop.
+    while matches!(from.poll(posted.id), TransferState::InProgress) {
+        assert!(started.elapsed() < BOUND, "the WRITE never ended");
+        to.drain_notifications(&mut |n| got.push(n)).unwrap();
+        std::thread::yield_now();
+    }
+    assert!(matches!(from.poll(posted.id), TransferState::Done));
+    assert_eq!(from.release(posted.id).unwrap(), Release::LetGo);
+    while got.is_empty() {
+        assert!(started.elapsed() < BOUND, "no notification arrived");
+        to.drain_notifications(&mut |n| got.push(n)).unwrap();
+        std::thread::sleep(Duration::from_micros(50));
+    }
+    assert_eq!(got.len(), 1);
+    to.revoke(exposure.id).unwrap();
+    to.deregister(target_region).unwrap();
+    from.deregister(source_region).unwrap();
+    (got.remove(0), target)
+}
+
+#[test]
+fn transfers_go_out_through_a_threadless_second_agent() {
+    if !test_support::runtime_available() {
+        return;
+    }
+    let name = format!("initiator-test-{}", std::process::id());
+    let a = NixlBackend::new(&format!("{name}-a")).unwrap();
+    let b = NixlBackend::new(&format!("{name}-b")).unwrap();
+    assert_eq!(a.agent_name(), format!("{name}-a"));
+    let (notification, landed) = write_once(&a, &b);
+    assert_eq!(&*notification.from, format!("{name}-a.initiator"));
+    assert_eq!(&*notification.payload, b"key");
+    assert_eq!(landed, pattern(7, 4096));
+}
+
+#[test]
+fn without_nixls_thread_one_agent_does_both() {
+    if !test_support::runtime_available() {
+        return;
+    }
+    let name = format!("one-agent-test-{}", std::process::id());
+    let build = |side: &str| {
+        NixlBackend::builder(&format!("{name}-{side}"))
+            .progress_thread(false)
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (build("a"), build("b"));
+    let (notification, landed) = write_once(&a, &b);
+    assert_eq!(&*notification.from, format!("{name}-a"));
+    assert_eq!(landed, pattern(7, 4096));
+}
