@@ -124,7 +124,7 @@ impl NixlBackendBuilder {
     /// thread beside the thread that posts and waits, one was preempted
     /// holding it while the other spun until the scheduler's tick, and on the
     /// 2-core test machine 1-17% of the transfers between processes took
-    /// 1-5 ms; through the second agent, 0-1% (docs/performance.md).
+    /// 1-5 ms; through the second agent, 0-2% (docs/performance.md).
     ///
     /// Measured on that machine (`bench --movers
     /// nixl-no-thread,nixl-xproc-no-thread,...`): without the thread at all,
