@@ -16,7 +16,7 @@ use nixl_sys::{
     RegistrationHandle, ThreadSync, XferDescList, XferOp,
 };
 
-use crate::progress::{Live, Transfer, lock};
+use crate::progress::{Live, Transfer, WATCH_AT_POST, lock};
 use crate::runtime;
 
 const NAME: &str = "nixl";
@@ -673,10 +673,11 @@ impl RegistrationBackend for NixlBackend {
                 post_error,
             },
         );
-        // The initiating agent runs no NIXL thread: the watcher moves the
-        // transfer on (and sends its notification) when nobody waits on it.
-        // It leaves alone a transfer that a waiting thread polls.
-        if matches!(state, TransferState::InProgress) {
+        // The initiating agent runs no NIXL thread: the watcher moves a
+        // transfer on (and sends its notification) when nobody waits on it,
+        // and leaves alone one that a waiting thread polls. A small one is
+        // handed over only in `watch` (`WATCH_AT_POST`).
+        if matches!(state, TransferState::InProgress) && request.bytes() > WATCH_AT_POST {
             self.live.kick(0);
         }
         Ok(Posted {
@@ -703,6 +704,15 @@ impl RegistrationBackend for NixlBackend {
         crate::progress::WAIT_ASSIST
     }
 
+    fn watch(&self, transfer: TransferId) {
+        let unfinished = lock(&self.live.transfers)
+            .get(&transfer.0)
+            .is_some_and(|t| t.finished.is_none());
+        if unfinished {
+            self.live.kick(0);
+        }
+    }
+
     fn release(&self, transfer: TransferId) -> Result<Release> {
         let mut transfers = lock(&self.live.transfers);
         let Some(t) = transfers.get_mut(&transfer.0) else {
@@ -711,9 +721,11 @@ impl RegistrationBackend for NixlBackend {
         // nixl-sys can abort only by dropping the request, and then NIXL does
         // not say whether the abort took. So a cancelled transfer is left to
         // finish (or fail) and released then: bounded, and sound. The watcher
-        // (handed every transfer at its post) signals when it ends, and the
-        // connector asks again.
+        // (handed the transfer here, if nobody waited on it) signals when it
+        // ends, and the connector asks again.
         if t.check(self.live.initiating()).is_none() {
+            drop(transfers);
+            self.live.kick(0);
             return Ok(Release::StillRunning);
         }
         transfers.remove(&transfer.0);

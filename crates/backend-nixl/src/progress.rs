@@ -67,6 +67,16 @@ pub(crate) const WAIT_ASSIST: Duration = Duration::from_micros(200);
 /// The watcher leaves alone a transfer that a waiting thread polled this
 /// recently: two threads asking NIXL about one transfer only contend.
 const ASSISTED: Duration = Duration::from_micros(20);
+/// A transfer of more bytes than this is handed to the watcher when it is
+/// posted; a smaller one only once the connector waits on it
+/// (`RegistrationBackend::watch`), or is cancelled. Waking the sleeping
+/// watcher at the post cost a 4 KiB transfer that followed a 2 ms pause
+/// 15-30 µs between processes (three runs each way). The price: a small
+/// transfer that nobody waits on, polls or cancels is moved on (its
+/// notification sent) only at the next look at the operation, or at the
+/// connector's 100 ms safety poll; a larger one needs the watcher to move it
+/// on, and the wake-up costs it relatively less.
+pub(crate) const WATCH_AT_POST: usize = 64 << 10;
 
 thread_local! {
     /// Whether this thread is a watcher (its hook polls transfers too).
