@@ -40,8 +40,8 @@
 //!   preempted holding it while the other spun until the scheduler's tick.
 //!   Back to back, 1-17% of the transfers between processes took 1-5 ms.
 //!   Posting through an agent without that thread removed them (0-2% of a
-//!   row's) and put ours at 0.83-1.17 × raw nixl-sys in GB/s (median row
-//!   0.97-1.04); the serving agent keeps its thread, so a transfer after a
+//!   row's) and put ours at 0.76-1.45 × raw nixl-sys in GB/s (median row
+//!   0.99-1.07); the serving agent keeps its thread, so a transfer after a
 //!   pause is answered as before.
 
 use std::collections::HashMap;
