@@ -196,7 +196,7 @@ impl NixlBackendBuilder {
         } else {
             None
         };
-        tracing::debug!(agent = %self.name, ?plugins, scope = ?self.scope, "created NIXL agent");
+        tracing::debug!(agent = %self.name, initiator = initiator.is_some(), ?plugins, scope = ?self.scope, "created NIXL agents");
         Ok(NixlBackend {
             live: Arc::new(Live::new(serving, initiator)),
             watcher: Mutex::new(None),
@@ -208,9 +208,7 @@ impl NixlBackendBuilder {
             connection_md: Mutex::new(None),
         })
     }
-}
 
-impl NixlBackendBuilder {
     /// One NIXL agent called `name`, with the builder's plugins and settings.
     fn agent(&self, name: &str, progress_thread: bool, plugins: &[String]) -> Result<Agent> {
         let config = AgentConfig {
