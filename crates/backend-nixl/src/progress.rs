@@ -10,8 +10,10 @@
 //!
 //! The watcher spins (yielding) for a short window after each exposure, event
 //! or transfer handed to it, when completions are most likely, then backs off
-//! to sleeps that grow to a cap; a new exposure or post wakes it at once.
-//! With nothing to wait for it sleeps until there is. A thread blocked
+//! to sleeps that grow to a cap; a new exposure wakes it at once, and so
+//! does a transfer handed to it (at its post if larger than
+//! [`WATCH_AT_POST`], otherwise once the connector waits on it or cancels
+//! it). With nothing to wait for it sleeps until there is. A thread blocked
 //! waiting for its own transfer first polls it itself for a while
 //! ([`WAIT_ASSIST`]), and the watcher leaves such a transfer alone.
 //!

@@ -336,9 +336,10 @@ pub trait RegistrationBackend: Send + Sync + 'static {
     /// itself and is about to sleep, or a future is waiting for it. Called
     /// from the waiting thread, with no lock of the connector held; must not
     /// block. A backend that does not watch a fresh transfer until somebody
-    /// depends on it (NIXL: its watcher thread is not woken by the post, so
-    /// the posting thread, which usually polls the transfer itself, runs
-    /// alone) starts watching it here (default: nothing to do).
+    /// depends on it (NIXL, for small transfers: waking its watcher thread
+    /// at the post costs more than the posting thread, which usually polls
+    /// the transfer itself, needs) starts watching it here (default: nothing
+    /// to do).
     fn watch(&self, transfer: TransferId) {
         let _ = transfer;
     }
