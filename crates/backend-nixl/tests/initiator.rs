@@ -4,6 +4,7 @@
 //! sender of each notification can be read.
 #![allow(clippy::unwrap_used, clippy::panic)]
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use backend_nixl::NixlBackend;
@@ -23,11 +24,26 @@ fn segment(buf: &mut [u8]) -> Segment {
     }
 }
 
-/// WRITEs 4 KiB from `from` into memory `to` exposed, and returns the
+/// How the test follows the initiator's transfer.
+#[derive(PartialEq)]
+enum Follow {
+    /// Polls it, asking the target for notifications in the same loop.
+    Poll,
+    /// Leaves it alone until the target has the notification: only the
+    /// initiator's watcher may move it on.
+    HandsOff,
+}
+
+/// WRITEs `len` bytes from `from` into memory `to` exposed, and returns the
 /// notification `to` received and the bytes that landed.
-fn write_once(from: &NixlBackend, to: &NixlBackend) -> (Notification, Vec<u8>) {
-    let mut target = vec![0u8; 4096];
-    let mut source = pattern(7, 4096);
+fn write_once(
+    from: &NixlBackend,
+    to: &NixlBackend,
+    len: usize,
+    follow: Follow,
+) -> (Notification, Vec<u8>) {
+    let mut target = vec![0u8; len];
+    let mut source = pattern(7, len);
     let (target_seg, source_seg) = (segment(&mut target), segment(&mut source));
     // SAFETY: both buffers outlive their registrations: they are revoked and
     // deregistered below, after the transfer ended, before the buffers drop.
@@ -56,18 +72,23 @@ fn write_once(from: &NixlBackend, to: &NixlBackend) -> (Notification, Vec<u8>) {
     let mut got = Vec::new();
     // A target without NIXL's thread (and with no connector's watcher)
     // progresses only when asked for notifications: ask in the same loop.
-    while matches!(from.poll(posted.id), TransferState::InProgress) {
+    let ended = |state| !matches!(state, TransferState::InProgress);
+    while follow == Follow::Poll && !ended(from.poll(posted.id)) {
         assert!(started.elapsed() < BOUND, "the WRITE never ended");
         to.drain_notifications(&mut |n| got.push(n)).unwrap();
         std::thread::yield_now();
     }
-    assert!(matches!(from.poll(posted.id), TransferState::Done));
-    assert_eq!(from.release(posted.id).unwrap(), Release::LetGo);
     while got.is_empty() {
         assert!(started.elapsed() < BOUND, "no notification arrived");
         to.drain_notifications(&mut |n| got.push(n)).unwrap();
         std::thread::sleep(Duration::from_micros(50));
     }
+    while !ended(from.poll(posted.id)) {
+        assert!(started.elapsed() < BOUND, "the WRITE never ended");
+        std::thread::yield_now();
+    }
+    assert!(matches!(from.poll(posted.id), TransferState::Done));
+    assert_eq!(from.release(posted.id).unwrap(), Release::LetGo);
     assert_eq!(got.len(), 1);
     to.revoke(exposure.id).unwrap();
     to.deregister(target_region).unwrap();
@@ -84,7 +105,7 @@ fn transfers_go_out_through_a_threadless_second_agent() {
     let a = NixlBackend::new(&format!("{name}-a")).unwrap();
     let b = NixlBackend::new(&format!("{name}-b")).unwrap();
     assert_eq!(a.agent_name(), format!("{name}-a"));
-    let (notification, landed) = write_once(&a, &b);
+    let (notification, landed) = write_once(&a, &b, 4096, Follow::Poll);
     assert_eq!(&*notification.from, format!("{name}-a.initiator"));
     assert_eq!(&*notification.payload, b"key");
     assert_eq!(landed, pattern(7, 4096));
@@ -103,7 +124,28 @@ fn without_nixls_thread_one_agent_does_both() {
             .unwrap()
     };
     let (a, b) = (build("a"), build("b"));
-    let (notification, landed) = write_once(&a, &b);
+    let (notification, landed) = write_once(&a, &b, 4096, Follow::Poll);
     assert_eq!(&*notification.from, format!("{name}-a"));
     assert_eq!(landed, pattern(7, 4096));
+}
+
+/// A transfer of more than 64 KiB is handed to the initiator's watcher when
+/// it is posted: the initiating agent runs no NIXL thread, so nothing else
+/// would move it on (and send its notification) while nobody waits, polls or
+/// cancels. (A smaller one is handed over only then, or at the connector's
+/// safety poll, which this test, below the connector, does not have.)
+#[test]
+fn a_large_write_nobody_follows_is_moved_on_by_the_watcher() {
+    if !test_support::runtime_available() {
+        return;
+    }
+    let name = format!("hands-off-test-{}", std::process::id());
+    let a = NixlBackend::new(&format!("{name}-a")).unwrap();
+    let b = NixlBackend::new(&format!("{name}-b")).unwrap();
+    // The hook starts the watcher, as a connector does.
+    assert!(a.set_event_hook(Arc::new(|| {})));
+    let len = 1 << 20;
+    let (notification, landed) = write_once(&a, &b, len, Follow::HandsOff);
+    assert_eq!(&*notification.payload, b"key");
+    assert!(landed == pattern(7, len), "the bytes that landed differ");
 }
