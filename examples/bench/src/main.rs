@@ -53,7 +53,7 @@ mod flags {
             /// raw in process with them, as ours runs by default).
             optional --movers list: String
             /// Sweeps of every size, each interleaved on its own; a row reports
-            /// the median of the sweeps (default 3).
+            /// the median of the sweeps (default 6 with --quick, else 3).
             optional --runs n: usize
             /// Every NIXL agent of the run, ours and raw, both sides, without
             /// peer-failure detection (UCX's error handling mode 'none', not
@@ -119,6 +119,18 @@ fn iterations(total: usize, quick: bool, runs: usize) -> usize {
         (256 * MIB, 1000)
     };
     ((budget / total).clamp(LEAST, most) / runs.max(1)).max(LEAST)
+}
+
+/// Sweeps a run makes unless told (`--runs`). The quick budget's small
+/// transfers are shared between the sweeps ([`iterations`]), so more sweeps
+/// cost only at the large sizes, where a row drifts from sweep to sweep more
+/// than within one: raw nixl-sys against its own twin across processes (1 and
+/// 16 MiB, 64 KiB x 16, 1 MiB x 16, 4 and 64 KiB x 256; eight runs of each
+/// setting) measured a standard deviation of 0.078 with three sweeps and
+/// 0.052 with six, and 0.073 with three sweeps of three times the transfers.
+/// At 4 KiB, 64 KiB and 4 KiB x 16 it was 0.03-0.05 either way.
+fn default_runs(quick: bool) -> usize {
+    if quick { 6 } else { 3 }
 }
 
 /// The median of `values` (the mean of the middle two for an even count).
@@ -432,7 +444,8 @@ fn run(config: &flags::Bench) -> Res<()> {
         None => all_movers(config.movers.as_deref())?,
     };
     let only = config.sizes.as_ref().map(|s| s.0.as_slice());
-    let rows = bandwidth(&mut movers, config.quick, only, config.runs.unwrap_or(3))?;
+    let runs = config.runs.unwrap_or(default_runs(config.quick));
+    let rows = bandwidth(&mut movers, config.quick, only, runs)?;
     drop(movers);
     let extras = if only.is_some() || xproc_only.is_some() || config.movers.is_some() {
         extras::Extras::default()
