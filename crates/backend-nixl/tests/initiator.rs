@@ -4,6 +4,7 @@
 //! sender of each notification can be read.
 #![allow(clippy::unwrap_used, clippy::panic)]
 
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -42,11 +43,14 @@ fn write_once(
     len: usize,
     follow: Follow,
 ) -> (Notification, Vec<u8>) {
-    let mut target = vec![0u8; len];
-    let mut source = pattern(7, len);
+    // Should an assertion fail while the transfer may still run, the buffers
+    // are leaked, not freed under it: they are dropped only at the end.
+    let mut target = ManuallyDrop::new(vec![0u8; len]);
+    let mut source = ManuallyDrop::new(pattern(7, len));
     let (target_seg, source_seg) = (segment(&mut target), segment(&mut source));
     // SAFETY: both buffers outlive their registrations: they are revoked and
-    // deregistered below, after the transfer ended, before the buffers drop.
+    // deregistered below, after the transfer ended, before the buffers drop
+    // (or are leaked, on a failed assertion).
     let (target_region, source_region, exposure) = unsafe {
         let target_region = to.register(&target_seg, true).unwrap();
         let exposure = to
@@ -93,7 +97,8 @@ fn write_once(
     to.revoke(exposure.id).unwrap();
     to.deregister(target_region).unwrap();
     from.deregister(source_region).unwrap();
-    (got.remove(0), target)
+    drop(ManuallyDrop::into_inner(source));
+    (got.remove(0), ManuallyDrop::into_inner(target))
 }
 
 #[test]
