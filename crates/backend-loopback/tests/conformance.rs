@@ -92,6 +92,11 @@ fn passive_side_learns_of_completion_however_it_waits() {
     conformance::passive_side_learns_of_completion_however_it_waits(&Loopback::new());
 }
 
+#[test]
+fn an_operation_nobody_follows_still_completes() {
+    conformance::an_operation_nobody_follows_still_completes(&Loopback::new());
+}
+
 /// 16 x 1,000 by default; 16 x 10,000 with `RELIABILITY_LONG` set
 /// (`cargo xtask test --long`).
 #[test]

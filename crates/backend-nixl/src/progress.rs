@@ -78,7 +78,9 @@ const ASSISTED: Duration = Duration::from_micros(20);
 /// notification sent) only at the next look at the operation, or at the
 /// connector's 100 ms safety poll; a larger one needs the watcher to move it
 /// on, and the wake-up costs it relatively less (`tests/initiator.rs` checks
-/// that a 1 MiB WRITE nobody follows still completes).
+/// that a 1 MiB WRITE nobody follows still completes below the connector;
+/// the conformance suite's `an_operation_nobody_follows_still_completes`,
+/// that a 4 KiB and a 1 MiB one do through it).
 pub(crate) const WATCH_AT_POST: usize = 64 << 10;
 
 thread_local! {

@@ -40,6 +40,7 @@ suite! {
     metadata_round_trips_through_json => |h| conformance::metadata_round_trips_through_json(h);
     operations_are_futures => |h| conformance::operations_are_futures(h);
     passive_side_learns_of_completion_however_it_waits => |h| conformance::passive_side_learns_of_completion_however_it_waits(h);
+    an_operation_nobody_follows_still_completes => |h| conformance::an_operation_nobody_follows_still_completes(h);
     injected_failure_errors_the_operation_and_moves_nothing => |h| conformance::injected_failure_errors_the_operation_and_moves_nothing(h);
     stalled_transfer_is_in_progress_then_complete => |h| conformance::stalled_transfer_is_in_progress_then_complete(h);
     dropped_notification_leaves_the_passive_side_waiting => |h| conformance::dropped_notification_leaves_the_passive_side_waiting(h);

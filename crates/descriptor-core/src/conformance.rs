@@ -844,6 +844,31 @@ pub fn passive_side_learns_of_completion_however_it_waits(h: &dyn Harness) {
     assert_pattern(&source, 112, "the polled readable's own bytes");
 }
 
+/// An active operation that nobody waits on, polls, awaits or cancels still
+/// ends: its peer's passive side completes with the bytes, and the operation
+/// hands its buffers back. The connector drives it whatever the backend
+/// signals (NIXL moves a small transfer on at the engine's safety poll, a
+/// large one at once), so a WRITE followed only by the peer cannot hang.
+pub fn an_operation_nobody_follows_still_completes(h: &dyn Harness) {
+    let server = connector(h, "unfollowed-server");
+    let client = connector(h, "unfollowed-client");
+    for (seed, size) in [(120, 4096), (121, 1 << 20)] {
+        let writable = server.create_writable(zeroed(&[size])).unwrap();
+        let write = client
+            .begin_write(descriptors(seed, &[size]), writable.metadata())
+            .unwrap();
+        // Only the passive side waits: nothing looks at `write` until then.
+        writable.wait_timeout(WAIT).unwrap();
+        assert_pattern(
+            &writable.into_descriptors().unwrap(),
+            seed,
+            "the target of a WRITE nobody followed",
+        );
+        let source = returned!(write, "a WRITE nobody followed");
+        assert_pattern(&source, seed, "the source of a WRITE nobody followed");
+    }
+}
+
 /// `threads` threads each run `per_thread` operations of mixed sizes and both
 /// directions against one peer, verifying every byte; the peer cache ends empty.
 pub fn load(h: &dyn Harness, threads: usize, per_thread: usize) {
