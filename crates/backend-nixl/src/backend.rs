@@ -69,6 +69,15 @@ impl NixlBackendBuilder {
     /// plugin's defaults; of two settings of one key, the later wins.
     /// [`build`](Self::build) refuses a parameter for a plugin the agent does
     /// not load.
+    ///
+    /// UCX's own variables are set per agent, without the environment,
+    /// through the UCX plugin's `engine_config`: comma-separated `KEY=VALUE`
+    /// pairs without the `UCX_` prefix, e.g. `("UCX", "engine_config",
+    /// "USE_MT_MUTEX=y,RNDV_THRESH=8k")`. Give every pair in one call (a
+    /// second call replaces the first); a variable set as `UCX_KEY` in the
+    /// environment wins over its pair. NIXL 1.5 does not report an unknown
+    /// key or an invalid value: UCX only logs an error, and the agent is
+    /// built without it.
     pub fn plugin_param(mut self, plugin: &str, key: &str, value: &str) -> Self {
         self.params
             .push((plugin.to_owned(), key.to_owned(), value.to_owned()));
