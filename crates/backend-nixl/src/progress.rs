@@ -143,11 +143,8 @@ struct Watch {
 /// they load, and notifications arrive on it. With NIXL's progress thread on,
 /// that thread runs there, and the connector's own transfers go through a
 /// second agent, `initiator`, without one: only the thread that waits on a
-/// transfer and the watcher then call into its UCX worker. With NIXL's
-/// thread beside them on one worker, whose lock spins, a thread was
-/// preempted holding it while another spun for a scheduler tick: 1-17% of the
-/// transfers between processes took 1-5 ms on the 2-core test machine
-/// (docs/performance.md).
+/// transfer and the watcher then call into its UCX worker (why: the module
+/// docs).
 pub(crate) struct Live {
     pub(crate) agent: Agent,
     initiator: Option<Agent>,

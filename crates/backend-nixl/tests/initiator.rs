@@ -101,14 +101,29 @@ fn write_once(
     (got.remove(0), ManuallyDrop::into_inner(target))
 }
 
+/// Two backends, `<test>-<pid>-a` and `-b`, with NIXL's thread on (the
+/// default) or off; `None`, and the test skipped, without a NIXL runtime
+/// (unless `NIXL_TESTS_REQUIRED` is set: `runtime_available` then fails it).
+fn pair(test: &str, progress_thread: bool) -> Option<(String, NixlBackend, NixlBackend)> {
+    if !test_support::runtime_available() {
+        return None;
+    }
+    let name = format!("{test}-{}", std::process::id());
+    let build = |side: &str| {
+        NixlBackend::builder(&format!("{name}-{side}"))
+            .progress_thread(progress_thread)
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (build("a"), build("b"));
+    Some((name, a, b))
+}
+
 #[test]
 fn transfers_go_out_through_a_threadless_second_agent() {
-    if !test_support::runtime_available() {
+    let Some((name, a, b)) = pair("initiator-test", true) else {
         return;
-    }
-    let name = format!("initiator-test-{}", std::process::id());
-    let a = NixlBackend::new(&format!("{name}-a")).unwrap();
-    let b = NixlBackend::new(&format!("{name}-b")).unwrap();
+    };
     assert_eq!(a.agent_name(), format!("{name}-a"));
     let (notification, landed) = write_once(&a, &b, 4096, Follow::Poll);
     assert_eq!(&*notification.from, format!("{name}-a.initiator"));
@@ -118,17 +133,9 @@ fn transfers_go_out_through_a_threadless_second_agent() {
 
 #[test]
 fn without_nixls_thread_one_agent_does_both() {
-    if !test_support::runtime_available() {
+    let Some((name, a, b)) = pair("one-agent-test", false) else {
         return;
-    }
-    let name = format!("one-agent-test-{}", std::process::id());
-    let build = |side: &str| {
-        NixlBackend::builder(&format!("{name}-{side}"))
-            .progress_thread(false)
-            .build()
-            .unwrap()
     };
-    let (a, b) = (build("a"), build("b"));
     let (notification, landed) = write_once(&a, &b, 4096, Follow::Poll);
     assert_eq!(&*notification.from, format!("{name}-a"));
     assert_eq!(landed, pattern(7, 4096));
@@ -141,12 +148,9 @@ fn without_nixls_thread_one_agent_does_both() {
 /// safety poll, which this test, below the connector, does not have.)
 #[test]
 fn a_large_write_nobody_follows_is_moved_on_by_the_watcher() {
-    if !test_support::runtime_available() {
+    let Some((_, a, b)) = pair("hands-off-test", true) else {
         return;
-    }
-    let name = format!("hands-off-test-{}", std::process::id());
-    let a = NixlBackend::new(&format!("{name}-a")).unwrap();
-    let b = NixlBackend::new(&format!("{name}-b")).unwrap();
+    };
     // The hook starts the watcher, as a connector does.
     assert!(a.set_event_hook(Arc::new(|| {})));
     let len = 1 << 20;
