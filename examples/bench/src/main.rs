@@ -50,7 +50,9 @@ mod flags {
             /// raw baseline, whose ratio to the first is the bench's own noise;
             /// nixl-no-thread and nixl-xproc-no-thread: ours without NIXL's
             /// progress threads, as raw runs in process; nixl-sys-raw-thread:
-            /// raw in process with them, as ours runs by default).
+            /// raw in process with them, as ours runs by default;
+            /// nixl-sys-raw-xproc-waiting: raw across processes, its target
+            /// waiting for the notification during the transfer, as ours').
             optional --movers list: String
             /// Sweeps of every size, each interleaved on its own; a row reports
             /// the median of the sweeps (default 6 with --quick, else 3).
@@ -377,7 +379,7 @@ impl Shuffle {
 fn all_movers(only: Option<&str>) -> Res<Vec<Box<dyn Mover>>> {
     type Make = fn() -> Res<Box<dyn Mover>>;
     // (name, in the default set, maker)
-    let all: [(&str, bool, Make); 11] = [
+    let all: [(&str, bool, Make); 12] = [
         ("memcpy", true, || Ok(Box::new(Memcpy::default()))),
         ("loopback", true, || Ok(Box::new(Api::loopback()?))),
         ("nixl", true, || Ok(Box::new(Api::nixl()?))),
@@ -399,6 +401,9 @@ fn all_movers(only: Option<&str>) -> Res<Vec<Box<dyn Mover>>> {
         }),
         ("nixl-sys-raw-xproc", true, || {
             Ok(Box::new(xproc::XprocRaw::new(&[])?))
+        }),
+        ("nixl-sys-raw-xproc-waiting", false, || {
+            Ok(Box::new(xproc::XprocRaw::waiting()?))
         }),
         ("nixl-sys-raw-xproc-twin", false, || {
             let raw = xproc::XprocRaw::new(&[])?;

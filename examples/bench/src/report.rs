@@ -214,7 +214,7 @@ type RatioTable = (
 );
 
 /// The opt-in movers' tables, in the order printed.
-const RATIO_TABLES: [RatioTable; 3] = [
+const RATIO_TABLES: [RatioTable; 4] = [
     // Each raw baseline against its twin, a second instance of it in the
     // same run: two runs of one program differ by this much, so a ratio of
     // ours to raw means no more than that.
@@ -244,6 +244,19 @@ const RATIO_TABLES: [RatioTable; 3] = [
         &[
             ("x raw", "nixl-xproc-no-thread", "nixl-sys-raw-xproc"),
             ("x default", "nixl-xproc-no-thread", "nixl-xproc"),
+        ],
+    ),
+    // Raw's target idles during the transfer; ours' already waits for it.
+    (
+        "across processes, raw whose target waits during the transfer (GB/s ratio)",
+        &["nixl-sys-raw-xproc-waiting"],
+        &[
+            ("x raw", "nixl-xproc", "nixl-sys-raw-xproc-waiting"),
+            (
+                "wait x raw",
+                "nixl-sys-raw-xproc-waiting",
+                "nixl-sys-raw-xproc",
+            ),
         ],
     ),
 ];

@@ -9,6 +9,12 @@
 //!   the target with NIXL's progress thread (10 ms delay), the metadata loaded
 //!   once, one request built per transfer with the notification attached (the
 //!   Dynamo protocol needs it), the initiator polling its status with a yield.
+//!   Its target looks for the notification only after the transfer (`sync`),
+//!   so it is idle while the transfer runs.
+//! - `nixl-sys-raw-xproc-waiting` (only by name): the same, but its target
+//!   already waits for the notification while the transfer runs (`arm`),
+//!   polling NIXL for it with a yield, as NIXL's examples wait: the state
+//!   ours' passive side is in, since it waits from the moment it exposes.
 //!
 //! Timed, as in-process: from the initiator's first call until it knows the
 //! transfer completed. The child's side of each round (publishing metadata,
@@ -268,6 +274,9 @@ fn raw_agent(name: &str) -> Res<Agent> {
 
 /// `nixl-sys-raw-xproc`: raw nixl-sys, the target in a child process.
 pub(crate) struct XprocRaw {
+    name: &'static str,
+    /// The target waits for the notification during the transfer.
+    waiting: bool,
     peer: RefCell<Peer>,
     agent: Agent,
     remote_name: String,
@@ -281,6 +290,8 @@ pub(crate) struct XprocRaw {
 impl XprocRaw {
     pub(crate) fn new(wrap: &[String]) -> Res<XprocRaw> {
         Ok(XprocRaw {
+            name: "nixl-sys-raw-xproc",
+            waiting: false,
             agent: raw_agent(&format!("xproc-raw-active-{}", std::process::id()))?,
             peer: RefCell::new(Peer::spawn("raw", wrap)?),
             remote_name: String::new(),
@@ -290,11 +301,21 @@ impl XprocRaw {
             sent: 0,
         })
     }
+
+    /// `nixl-sys-raw-xproc-waiting`: the target waits for the notification
+    /// while the transfer runs.
+    pub(crate) fn waiting() -> Res<XprocRaw> {
+        Ok(XprocRaw {
+            name: "nixl-sys-raw-xproc-waiting",
+            waiting: true,
+            ..XprocRaw::new(&[])?
+        })
+    }
 }
 
 impl Mover for XprocRaw {
     fn name(&self) -> &'static str {
-        "nixl-sys-raw-xproc"
+        self.name
     }
 
     fn prepare(&mut self, op: Op, block: usize, n: usize) -> Res<()> {
@@ -333,6 +354,14 @@ impl Mover for XprocRaw {
     }
 
     fn run(&mut self, op: Op) -> Res<Duration> {
+        let peer = self.peer.get_mut();
+        if self.waiting {
+            // The target starts waiting for this transfer's notification.
+            let reply = peer.ask(&format!("arm {}", self.sent + 1))?;
+            if reply != "armed" {
+                return Err(format!("peer: {reply}"));
+            }
+        }
         pause();
         let started = Instant::now();
         let req = raw_request(
@@ -352,7 +381,11 @@ impl Mover for XprocRaw {
         let elapsed = started.elapsed();
         drop(req);
         self.sent += 1;
-        let reply = self.peer.get_mut().ask(&format!("sync {}", self.sent))?;
+        let reply = if self.waiting {
+            peer.line()?
+        } else {
+            peer.ask(&format!("sync {}", self.sent))?
+        };
         if reply != "synced" {
             return Err(format!("peer: {reply}"));
         }
@@ -458,21 +491,13 @@ pub(crate) fn serve(kind: &str) -> Res<()> {
                         ))?;
                     }
                     ["sync", count] => {
-                        let count: u64 = parse(count)?;
-                        let deadline = Instant::now() + Duration::from_secs(30);
-                        while received < count {
-                            let mut map = NotificationMap::new().map_err(|e| e.to_string())?;
-                            agent
-                                .get_notifications(&mut map, None)
-                                .map_err(|e| e.to_string())?;
-                            received += map.len().map_err(|e| e.to_string())? as u64;
-                            if received < count {
-                                if Instant::now() > deadline {
-                                    return Err("no notification".into());
-                                }
-                                std::thread::sleep(Duration::from_micros(20));
-                            }
-                        }
+                        let nap = Some(Duration::from_micros(20));
+                        received = notified(&agent, received, parse(count)?, nap)?;
+                        say("synced".into())?;
+                    }
+                    ["arm", count] => {
+                        say("armed".into())?;
+                        received = notified(&agent, received, parse(count)?, None)?;
                         say("synced".into())?;
                     }
                     ["crc"] => say(crc(bufs.iter().map(|b| b.0.as_slice())).to_string())?,
@@ -484,6 +509,30 @@ pub(crate) fn serve(kind: &str) -> Res<()> {
         }
         other => Err(format!("unknown peer kind {other:?}")),
     }
+}
+
+/// Polls `agent` for notifications until `count` have come in all told
+/// (`received` so far), napping `nap` between polls or else yielding;
+/// returns the new total.
+fn notified(agent: &Agent, mut received: u64, count: u64, nap: Option<Duration>) -> Res<u64> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while received < count {
+        let mut map = NotificationMap::new().map_err(|e| e.to_string())?;
+        agent
+            .get_notifications(&mut map, None)
+            .map_err(|e| e.to_string())?;
+        received += map.len().map_err(|e| e.to_string())? as u64;
+        if received < count {
+            if Instant::now() > deadline {
+                return Err("no notification".into());
+            }
+            match nap {
+                Some(nap) => std::thread::sleep(nap),
+                None => std::thread::yield_now(),
+            }
+        }
+    }
+    Ok(received)
 }
 
 fn parse<T: std::str::FromStr>(word: &str) -> Res<T> {
