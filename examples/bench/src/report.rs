@@ -251,7 +251,7 @@ const RATIO_TABLES: [RatioTable; 4] = [
         "across processes, raw whose target waits during the transfer (GB/s ratio)",
         &["nixl-sys-raw-xproc-waiting"],
         &[
-            ("x raw", "nixl-xproc", "nixl-sys-raw-xproc-waiting"),
+            ("x waiting", "nixl-xproc", "nixl-sys-raw-xproc-waiting"),
             (
                 "wait x raw",
                 "nixl-sys-raw-xproc-waiting",
