@@ -16,7 +16,7 @@ use nixl_sys::{
     RegistrationHandle, ThreadSync, XferDescList, XferOp,
 };
 
-use crate::progress::{Live, Transfer, WATCH_AT_POST, lock};
+use crate::progress::{Live, Look, Notify, Transfer, WATCH_AT_POST, lock};
 use crate::runtime;
 
 const NAME: &str = "nixl";
@@ -92,12 +92,13 @@ impl NixlBackendBuilder {
     /// host without RDMA devices that sends a transfer's notification (which
     /// the passive side waits for) over TCP loopback instead of shared memory,
     /// and the receiving threads are woken through sockets. Measured on the
-    /// 2-core test machine (`bench --no-peer-failure-detection`, three runs
+    /// 2-core test machine (`bench --no-peer-failure-detection`, two runs
     /// each way, docs/performance.md), between two processes: 4 KiB in
-    /// 16-18 µs instead of 60 µs, 64 KiB in 21-22 µs instead of 65 µs,
-    /// 4 KiB × 16 in 50-52 µs instead of 114-115 µs, 1 MiB in 109-110 µs
-    /// instead of 163-170 µs; from 1 MiB × 16 and 16 MiB up, no difference
-    /// beyond the noise. Only the *initiator's* setting counted: without
+    /// 18-26 µs instead of 28-39 µs, 64 KiB in 27-34 µs instead of 40-45 µs,
+    /// 4 KiB × 16 in 62-76 µs instead of 80-90 µs; 1 MiB and up, no
+    /// difference beyond the noise. (Before this backend sent notifications
+    /// apart from their transfers, detection cost more: 60 µs instead of
+    /// 16-18 at 4 KiB.) Only the *initiator's* setting counted: without
     /// detection it ran as fast against a peer that keeps the default (a
     /// Dynamo Python worker, say), and with it as slow against a peer
     /// without. On hosts with RDMA devices UCX may find transports that detect
@@ -117,7 +118,8 @@ impl NixlBackendBuilder {
     /// Whether NIXL runs its own progress thread (default: yes, with a
     /// [delay](Self::progress_thread_delay)). With a delay it is event-driven:
     /// it sleeps on UCX's event fd and wakes on traffic, so the agent serves
-    /// peers (the target of a transfer must progress for it to complete) even
+    /// peers (a transfer over TCP, or one whose endpoint sent a message,
+    /// completes only once its target progressed) even
     /// when it has nothing in flight itself, at a fraction of a percent of a
     /// core. Without it, the agent progresses only while this backend's
     /// watcher polls, that is while it has a transfer in flight or a passive
@@ -125,11 +127,22 @@ impl NixlBackendBuilder {
     /// metadata) waits until it has.
     ///
     /// With the thread on, the backend runs two NIXL agents: the one called
-    /// by the builder's name, with the thread, holds the memory peers reach
-    /// and receives their notifications; the connector's own READs and WRITEs
-    /// go out through a second one, `<name>.initiator`, without it (so a peer
-    /// receives their notifications from that name). Memory is registered
-    /// with both. On the thread's worker, UCX's lock is a spinlock: with the
+    /// by the builder's name, with the thread, holds the memory peers reach,
+    /// receives their notifications and sends this connector's; the
+    /// connector's own READs and WRITEs go out through a second one,
+    /// `<name>.initiator`, without it. Memory is registered with both, and a
+    /// peer is loaded into both (the serving agent needs only its connection
+    /// info). A transfer's notification goes out from the serving agent once
+    /// NIXL reports the transfer done, so the passive side still sees it
+    /// only after the bytes are in place, and the initiating agent's
+    /// endpoint carries no message: NIXL flushes that endpoint before it
+    /// reports a transfer done, and over TCP, UCX's flush of an endpoint that
+    /// sent a message waits for the peer to acknowledge a zero-length put,
+    /// that is for the peer's progress. Measured on the 2-core test machine
+    /// between processes (docs/performance.md): 4 KiB in 38-42 µs instead of
+    /// 70-90 with the notification attached to the transfer. A transfer to
+    /// the connector's own memory carries its notification (from
+    /// `<name>.initiator`): an agent cannot load itself as a peer. On the thread's worker, UCX's lock is a spinlock: with the
     /// thread beside the thread that posts and waits, one was preempted
     /// holding it while the other spun until the scheduler's tick, and on the
     /// 2-core test machine 1-17% of the transfers between processes took
@@ -215,6 +228,7 @@ impl NixlBackendBuilder {
             regions: Mutex::new(HashMap::new()),
             connections: Mutex::new(HashMap::new()),
             connection_md: Mutex::new(None),
+            notifiers: Mutex::new(HashMap::new()),
         })
     }
 
@@ -279,6 +293,11 @@ pub struct NixlBackend {
     connections: Mutex<HashMap<Vec<u8>, String>>,
     /// This agent's connection-only metadata, made once.
     connection_md: Mutex<Option<Vec<u8>>>,
+    /// Peers the serving agent was asked to load, so that it sends the
+    /// notifications of transfers to them (see [`Live::notifies`]): true if
+    /// it did, false if it could not (their transfers then carry their
+    /// notification).
+    notifiers: Mutex<HashMap<String, bool>>,
 }
 
 impl std::fmt::Debug for NixlBackend {
@@ -439,6 +458,44 @@ impl NixlBackend {
         Ok(blob)
     }
 
+    /// Loads `peer` (its connection info, in `blob`) into the serving agent
+    /// too, once, so that the serving agent sends the notifications of
+    /// transfers to it.
+    ///
+    /// Why: the initiating agent's endpoint to the peer then carries only
+    /// the transfers. NIXL flushes that endpoint before it reports a
+    /// transfer done, and with UCX over TCP a flush after a message (the
+    /// previous transfer's notification) is a round trip through the peer's
+    /// progress (`uct_tcp_ep_flush` sends a zero-length put and waits for its
+    /// acknowledgement); with no message on it, the flush is local. Measured
+    /// (docs/performance.md): cross-process 4 KiB p50 41 µs instead of
+    /// 70-90, whatever the peer's threads are doing.
+    ///
+    /// If the serving agent cannot load the peer (the peer is this agent
+    /// itself, say), the peer's transfers carry their notification, as with
+    /// one agent.
+    fn load_notifier(&self, peer: &str, blob: &[u8]) {
+        if !self.live.notifies() || lock(&self.notifiers).contains_key(peer) {
+            return;
+        }
+        let loaded = peer != self.name
+            && match self.live.agent.load_remote_md(blob) {
+                Ok(_) => true,
+                Err(error) => {
+                    tracing::debug!(%peer, %error, "the serving agent cannot load the peer: its transfers carry their notification");
+                    false
+                }
+            };
+        lock(&self.notifiers)
+            .entry(peer.to_owned())
+            .or_insert(loaded);
+    }
+
+    /// Whether the serving agent sends the notifications of transfers to `peer`.
+    fn notifies(&self, peer: &str) -> bool {
+        lock(&self.notifiers).get(peer).copied().unwrap_or(false)
+    }
+
     fn load(&self, blob: &[u8], what: &str) -> Result<String> {
         self.live.initiating().load_remote_md(blob).map_err(|e| {
             let context = match nixl_agent_name(blob) {
@@ -584,7 +641,9 @@ impl RegistrationBackend for NixlBackend {
 
     fn load_remote(&self, agent_metadata: &[u8]) -> Result<String> {
         let Some((connection, regions)) = split_scoped(agent_metadata) else {
-            return self.load(agent_metadata, "remote agent metadata");
+            let peer = self.load(agent_metadata, "remote agent metadata")?;
+            self.load_notifier(&peer, agent_metadata);
+            return Ok(peer);
         };
         let known = lock(&self.connections).get(connection).cloned();
         let peer = match known {
@@ -592,6 +651,7 @@ impl RegistrationBackend for NixlBackend {
             None => {
                 let peer = self.load(connection, "remote connection metadata")?;
                 lock(&self.connections).insert(connection.to_vec(), peer.clone());
+                self.load_notifier(&peer, connection);
                 peer
             }
         };
@@ -617,6 +677,14 @@ impl RegistrationBackend for NixlBackend {
 
     fn unload_remote(&self, peer: &str) -> Result<()> {
         lock(&self.connections).retain(|_, name| name != peer);
+        let notifier = lock(&self.notifiers).remove(peer);
+        if notifier == Some(true)
+            && let Err(error) = self.live.agent.invalidate_remote_md(peer)
+        {
+            // The initiating agent's unload below is what the connector
+            // relies on; the serving one only sent notifications.
+            tracing::warn!(%peer, %error, "unloading a peer from the serving agent failed");
+        }
         self.live
             .initiating()
             .invalidate_remote_md(peer)
@@ -638,7 +706,11 @@ impl RegistrationBackend for NixlBackend {
         let local = xfer_list(request.local, Side::Local)?;
         let remote = xfer_list(request.remote, Side::Remote)?;
         let mut args = OptArgs::new().map_err(|e| nixl_error(context(), e))?;
-        if request.notify {
+        let notify = (request.notify && self.notifies(request.peer)).then(|| Notify {
+            peer: request.peer.to_owned(),
+            payload: request.notification.into(),
+        });
+        if request.notify && notify.is_none() {
             args.set_notification_message(request.notification)
                 .and_then(|()| args.set_has_notification(true))
                 .map_err(|e| nixl_error(context(), e))?;
@@ -660,26 +732,29 @@ impl RegistrationBackend for NixlBackend {
         // A failed post may have started some of its work (a peer dying mid-copy
         // fails it halfway), so the request is kept like a running one: it is
         // reported failed, and released only once NIXL says it is not running.
-        let (finished, post_error) = match self.live.initiating().post_xfer_req(&xfer, None) {
-            Ok(true) => (None, None),
-            Ok(false) => (Some(TransferState::Done), None),
+        let (done, post_error) = match self.live.initiating().post_xfer_req(&xfer, None) {
+            Ok(pending) => (!pending, None),
             Err(e) => (
-                None,
+                false,
                 Some(Arc::new(nixl_error(format!("post {}", context()), e)) as SharedCause),
             ),
         };
+        let mut transfer = Transfer::new(xfer, post_error, notify);
+        // Done at once: recorded, and a notification to send goes out now (the
+        // transfer is not in the map yet). A failed post is reported once
+        // NIXL says the request is idle.
+        let state = match done.then(|| transfer.look(self.live.initiating())) {
+            None | Some(Look::Running) => TransferState::InProgress,
+            Some(Look::Ended(state)) => state,
+            Some(Look::Notify(notify)) => {
+                let state = self.live.send(&notify);
+                transfer.notifying = false;
+                transfer.finished = Some(state.clone());
+                state
+            }
+        };
         let id = self.id();
-        // A failed post is reported once NIXL says the request is idle.
-        let state = finished.clone().unwrap_or(TransferState::InProgress);
-        lock(&self.live.transfers).insert(
-            id,
-            Transfer {
-                request: xfer,
-                assisted: None,
-                finished,
-                post_error,
-            },
-        );
+        lock(&self.live.transfers).insert(id, transfer);
         // The initiating agent runs no NIXL thread: the watcher moves a
         // transfer on (and sends its notification) when nobody waits on it,
         // and leaves alone one that a waiting thread polls. A small one is
@@ -694,17 +769,16 @@ impl RegistrationBackend for NixlBackend {
     }
 
     fn poll(&self, transfer: TransferId) -> TransferState {
-        let mut transfers = lock(&self.live.transfers);
-        let Some(t) = transfers.get_mut(&transfer.0) else {
-            return TransferState::failed(format!("unknown transfer {}", transfer.0));
-        };
         // A waiting thread polls (`wait_assist`): the watcher leaves the
         // transfer to it. (The connector's hook polls too, on the watcher.)
-        if !crate::progress::on_watcher() {
-            t.assisted = Some(std::time::Instant::now());
-        }
-        t.check(self.live.initiating())
-            .unwrap_or(TransferState::InProgress)
+        let assisting = !crate::progress::on_watcher();
+        self.live
+            .state(transfer.0, |t| {
+                if assisting {
+                    t.assisted = Some(std::time::Instant::now());
+                }
+            })
+            .unwrap_or_else(|| TransferState::failed(format!("unknown transfer {}", transfer.0)))
     }
 
     fn wait_assist(&self) -> Duration {
@@ -721,21 +795,20 @@ impl RegistrationBackend for NixlBackend {
     }
 
     fn release(&self, transfer: TransferId) -> Result<Release> {
-        let mut transfers = lock(&self.live.transfers);
-        let Some(t) = transfers.get_mut(&transfer.0) else {
-            return Ok(Release::LetGo);
-        };
         // nixl-sys can abort only by dropping the request, and then NIXL does
         // not say whether the abort took. So a cancelled transfer is left to
         // finish (or fail) and released then: bounded, and sound. The watcher
         // (handed the transfer here, if nobody waited on it) signals when it
         // ends, and the connector asks again.
-        if t.check(self.live.initiating()).is_none() {
-            drop(transfers);
-            self.live.kick(0);
-            return Ok(Release::StillRunning);
+        match self.live.state(transfer.0, |_| {}) {
+            None => return Ok(Release::LetGo),
+            Some(TransferState::InProgress) => {
+                self.live.kick(0);
+                return Ok(Release::StillRunning);
+            }
+            Some(_) => {}
         }
-        transfers.remove(&transfer.0);
+        lock(&self.live.transfers).remove(&transfer.0);
         Ok(Release::LetGo)
     }
 

@@ -21,13 +21,25 @@
 //! the serving one runs that thread (event-driven, with a delay), which moves
 //! data for peers and serves them even when the connector has nothing in
 //! flight; the connector's own transfers go through a second agent without
-//! one, progressed only by the waiting thread and the watcher.
+//! one, progressed only by the waiting thread and the watcher. A transfer's
+//! notification goes out apart from it, from the serving agent, once NIXL
+//! reports the transfer done ([`Transfer::look`]): the initiating agent's
+//! endpoint then carries no message, and NIXL's flush of it before reporting
+//! a transfer done needs no answer from the peer (over TCP, UCX flushes an
+//! endpoint that sent a message with a zero-length put and waits for its
+//! acknowledgement, which the peer sends only when it progresses).
 //!
 //! Measured on the 2-core test machine (docs/performance.md):
+//! - the notification apart from the transfer: cross-process 4 KiB p50
+//!   38-42 µs instead of 70-90 (raw nixl-sys, notification attached: 79-91),
+//!   4 KiB × 16 1.2-1.5 × raw nixl-sys's GB/s instead of 0.8-0.9, and the
+//!   small rows no longer depend on where the scheduler runs the peer's
+//!   threads (before, the flush waited for the peer's NIXL thread to wake);
 //! - spinning on the *target* side after an exposure lowered the initiator's
-//!   cross-process 4 KiB p50 by ~10 µs. Not by progressing the target: with
-//!   NIXL's thread on, asking for notifications does not progress the agent,
-//!   so a target is served when that thread wakes on traffic;
+//!   cross-process 4 KiB p50 by ~10 µs (before notifications went apart).
+//!   Not by progressing the target: with NIXL's thread on, asking for
+//!   notifications does not progress the agent, so a target is served when
+//!   that thread wakes on traffic, sooner when its vCPU is awake;
 //! - a longer spin window (300 µs, 1 ms) or a waiter that only watched the
 //!   status gained nothing and cost CPU;
 //! - NIXL's progress thread's delay (1, 10, 100 ms) did not change latency
@@ -102,26 +114,82 @@ pub(crate) struct Transfer {
     pub(crate) request: XferRequest,
     /// When a waiting thread (not the watcher) last asked about it.
     pub(crate) assisted: Option<Instant>,
-    /// Set once NIXL reported the end (or the post failed).
+    /// Set once NIXL reported the end (or the post failed), and the
+    /// notification, if it goes apart, was sent.
     pub(crate) finished: Option<TransferState>,
     /// Why the post itself failed, reported once NIXL says the request is idle.
     pub(crate) post_error: Option<SharedCause>,
+    /// The notification the serving agent sends once NIXL reports the
+    /// transfer done (see [`Live::notifies`]); `None` if NIXL sends it with
+    /// the transfer, if there is none, or once it was handed out to be sent.
+    pub(crate) notify: Option<Notify>,
+    /// A thread is sending the notification: the transfer counts as running
+    /// until that thread records the end.
+    pub(crate) notifying: bool,
+}
+
+/// A transfer's notification, sent apart from it.
+pub(crate) struct Notify {
+    pub(crate) peer: String,
+    pub(crate) payload: Box<[u8]>,
+}
+
+/// What a look at a transfer found.
+pub(crate) enum Look {
+    /// Still running, or another thread is sending its notification.
+    Running,
+    /// Ended, recorded.
+    Ended(TransferState),
+    /// NIXL reports it done, and its notification is the caller's to send,
+    /// after it released the transfer map's lock ([`Live::notify`]).
+    Notify(Notify),
 }
 
 impl Transfer {
-    /// Asks NIXL whether the transfer ended; records and returns the end.
-    pub(crate) fn check(&mut self, agent: &Agent) -> Option<TransferState> {
+    pub(crate) fn new(
+        request: XferRequest,
+        post_error: Option<SharedCause>,
+        notify: Option<Notify>,
+    ) -> Transfer {
+        Transfer {
+            request,
+            assisted: None,
+            finished: None,
+            post_error,
+            notify,
+            notifying: false,
+        }
+    }
+
+    /// Asks NIXL (through `agent`, the one that posted it) whether the
+    /// transfer ended, and records the end.
+    ///
+    /// A transfer whose notification goes apart ends only once the serving
+    /// agent sent it: the passive side then learns of the transfer only
+    /// after the bytes are in place (NIXL reports a transfer done once it
+    /// flushed its endpoint), and the initiator's operation does not end
+    /// before its peer was told.
+    pub(crate) fn look(&mut self, agent: &Agent) -> Look {
         if let Some(state) = &self.finished {
-            return Some(state.clone());
+            return Look::Ended(state.clone());
+        }
+        if self.notifying {
+            return Look::Running;
         }
         let state = match (agent.get_xfer_status(&self.request), &self.post_error) {
-            (Ok(XferStatus::InProgress), _) => return None,
+            (Ok(XferStatus::InProgress), _) => return Look::Running,
             (_, Some(post_error)) => TransferState::Failed(Arc::clone(post_error)),
-            (Ok(XferStatus::Success), None) => TransferState::Done,
+            (Ok(XferStatus::Success), None) => match self.notify.take() {
+                Some(notify) => {
+                    self.notifying = true;
+                    return Look::Notify(notify);
+                }
+                None => TransferState::Done,
+            },
             (Err(e), None) => TransferState::failed(e),
         };
         self.finished = Some(state.clone());
-        Some(state)
+        Look::Ended(state)
     }
 }
 
@@ -173,6 +241,59 @@ impl Live {
     /// they go to).
     pub(crate) fn initiating(&self) -> &Agent {
         self.initiator.as_ref().unwrap_or(&self.agent)
+    }
+
+    /// Whether the serving agent can send the notifications of this
+    /// connector's transfers (when a second agent posts them, see
+    /// [`Transfer::notify`]).
+    pub(crate) fn notifies(&self) -> bool {
+        self.initiator.is_some()
+    }
+
+    /// Sends a transfer's notification from the serving agent: Done once
+    /// NIXL took it, else why not (the bytes moved, but the peer was not
+    /// told). A system call: never under a lock of ours.
+    pub(crate) fn send(&self, notify: &Notify) -> TransferState {
+        match self
+            .agent
+            .send_notification(&notify.peer, &notify.payload, None)
+        {
+            Ok(()) => TransferState::Done,
+            Err(e) => TransferState::failed(format!(
+                "the transfer completed, but sending its notification to peer {:?} failed: {e}",
+                notify.peer
+            )),
+        }
+    }
+
+    /// Sends the notification that a look at transfer `id` handed out
+    /// ([`Look::Notify`]) and records the transfer's end. Called without the
+    /// transfer map's lock.
+    pub(crate) fn notify(&self, id: u64, notify: &Notify) -> TransferState {
+        let state = self.send(notify);
+        if let Some(t) = lock(&self.transfers).get_mut(&id) {
+            t.notifying = false;
+            t.finished = Some(state.clone());
+        }
+        state
+    }
+
+    /// The state of transfer `id` (`InProgress` while it runs), `None` if
+    /// there is no such transfer. Looks through the initiating agent and, if
+    /// the transfer's notification is due, sends it once the map's lock is
+    /// released. `mark` runs on the transfer under the lock first.
+    pub(crate) fn state(&self, id: u64, mark: impl FnOnce(&mut Transfer)) -> Option<TransferState> {
+        let look = {
+            let mut transfers = lock(&self.transfers);
+            let t = transfers.get_mut(&id)?;
+            mark(t);
+            t.look(self.initiating())
+        };
+        Some(match look {
+            Look::Running => TransferState::InProgress,
+            Look::Ended(state) => state,
+            Look::Notify(notify) => self.notify(id, &notify),
+        })
     }
 
     /// Every agent, the serving one first.
@@ -256,7 +377,8 @@ impl Live {
         };
         let mut ended = false;
         let mut in_flight = false;
-        for t in transfers.values_mut() {
+        let mut due = Vec::new();
+        for (&id, t) in transfers.iter_mut() {
             if t.finished.is_some() {
                 continue;
             }
@@ -264,10 +386,17 @@ impl Live {
                 in_flight = true;
                 continue;
             }
-            match t.check(self.initiating()) {
-                Some(_) => ended = true,
-                None => in_flight = true,
+            match t.look(self.initiating()) {
+                Look::Running => in_flight = true,
+                Look::Ended(_) => ended = true,
+                Look::Notify(notify) => due.push((id, notify)),
             }
+        }
+        drop(transfers);
+        // Sent after the lock, which `notify` takes again to record each end.
+        for (id, notify) in &due {
+            self.notify(*id, notify);
+            ended = true;
         }
         (ended, in_flight)
     }

@@ -1,7 +1,8 @@
 //! With NIXL's progress thread on, a connector's own transfers go out through
 //! a second agent, `<name>.initiator`, that runs no NIXL thread; peers reach
-//! the agent called `<name>`. Driven through the backend trait, so that the
-//! sender of each notification can be read.
+//! the agent called `<name>`, which also sends the notifications of the
+//! transfers (once each transfer is done). Driven through the backend trait,
+//! so that the sender of each notification can be read.
 #![allow(clippy::unwrap_used, clippy::panic)]
 
 use std::mem::ManuallyDrop;
@@ -36,7 +37,8 @@ enum Follow {
 }
 
 /// WRITEs `len` bytes from `from` into memory `to` exposed, and returns the
-/// notification `to` received and the bytes that landed.
+/// notification `to` received and the bytes the target held when it arrived
+/// (the passive side must never see the notification before the data).
 fn write_once(
     from: &NixlBackend,
     to: &NixlBackend,
@@ -85,8 +87,21 @@ fn write_once(
     while got.is_empty() {
         assert!(started.elapsed() < BOUND, "no notification arrived");
         to.drain_notifications(&mut |n| got.push(n)).unwrap();
-        std::thread::sleep(Duration::from_micros(50));
+        if got.is_empty() {
+            std::thread::sleep(Duration::from_micros(50));
+        }
     }
+    // Read through the segment's address, as the peer wrote it: the
+    // notification arrived, so the WRITE is over (else the test fails here).
+    // SAFETY: the target buffer is alive (leaked on a failed assertion) and
+    // `len` bytes long.
+    let landed = unsafe {
+        std::slice::from_raw_parts(
+            std::ptr::with_exposed_provenance::<u8>(target_seg.addr),
+            len,
+        )
+        .to_vec()
+    };
     while !ended(from.poll(posted.id)) {
         assert!(started.elapsed() < BOUND, "the WRITE never ended");
         std::thread::yield_now();
@@ -98,7 +113,8 @@ fn write_once(
     to.deregister(target_region).unwrap();
     from.deregister(source_region).unwrap();
     drop(ManuallyDrop::into_inner(source));
-    (got.remove(0), ManuallyDrop::into_inner(target))
+    drop(ManuallyDrop::into_inner(target));
+    (got.remove(0), landed)
 }
 
 /// Two backends, `<test>-<pid>-a` and `-b`, with NIXL's thread on (the
@@ -119,13 +135,36 @@ fn pair(test: &str, progress_thread: bool) -> Option<(String, NixlBackend, NixlB
     Some((name, a, b))
 }
 
+/// The transfer goes out through `<name>.initiator`; its notification, once
+/// the transfer is done, from `<name>` (so that the initiating agent's
+/// endpoint carries no message that its next flush would wait on).
 #[test]
-fn transfers_go_out_through_a_threadless_second_agent() {
+fn transfers_go_out_through_a_threadless_second_agent_and_the_first_notifies() {
     let Some((name, a, b)) = pair("initiator-test", true) else {
         return;
     };
     assert_eq!(a.agent_name(), format!("{name}-a"));
-    let (notification, landed) = write_once(&a, &b, 4096, Follow::Poll);
+    for follow in [Follow::Poll, Follow::HandsOff] {
+        if follow == Follow::HandsOff {
+            // The hook starts the watcher, as a connector does.
+            assert!(a.set_event_hook(Arc::new(|| {})));
+        }
+        let (notification, landed) = write_once(&a, &b, 4096, follow);
+        assert_eq!(&*notification.from, format!("{name}-a"));
+        assert_eq!(&*notification.payload, b"key");
+        assert_eq!(landed, pattern(7, 4096));
+    }
+}
+
+/// A transfer to memory the backend itself exposed: its serving agent cannot
+/// load itself as a peer, so the transfer carries its notification, which
+/// then comes from `<name>.initiator`.
+#[test]
+fn a_transfer_to_itself_carries_its_notification() {
+    let Some((name, a, _)) = pair("self-test", true) else {
+        return;
+    };
+    let (notification, landed) = write_once(&a, &a, 4096, Follow::Poll);
     assert_eq!(&*notification.from, format!("{name}-a.initiator"));
     assert_eq!(&*notification.payload, b"key");
     assert_eq!(landed, pattern(7, 4096));

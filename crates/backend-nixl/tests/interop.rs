@@ -120,11 +120,12 @@ fn rust_writes_a_python_dynamo_writable(
         "Python received other bytes than were written"
     );
     // The writer's transfers go out through its initiating agent (NIXL's
-    // progress thread on, as Dynamo runs it).
+    // progress thread on, as Dynamo runs it), their notifications through
+    // the agent called by the connector's name.
     assert_eq!(
         report["from"],
-        format!("{}.initiator", rust.name()),
-        "the notification names the writer's initiating agent"
+        rust.name(),
+        "the notification names the writer's connector"
     );
     python.finish();
 }
