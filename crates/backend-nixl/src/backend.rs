@@ -139,8 +139,8 @@ impl NixlBackendBuilder {
     /// reports a transfer done, and over TCP, UCX's flush of an endpoint that
     /// sent a message waits for the peer to acknowledge a zero-length put,
     /// that is for the peer's progress. Measured on the 2-core test machine
-    /// between processes (docs/performance.md): 4 KiB in 38-42 µs instead of
-    /// 70-90 with the notification attached to the transfer. A transfer to
+    /// between processes (docs/performance.md): 4 KiB in 35-43 µs instead of
+    /// 68-87 with the notification attached to the transfer. A transfer to
     /// the connector's own memory carries its notification (from
     /// `<name>.initiator`): an agent cannot load itself as a peer. On the thread's worker, UCX's lock is a spinlock: with the
     /// thread beside the thread that posts and waits, one was preempted
@@ -468,8 +468,8 @@ impl NixlBackend {
     /// previous transfer's notification) is a round trip through the peer's
     /// progress (`uct_tcp_ep_flush` sends a zero-length put and waits for its
     /// acknowledgement); with no message on it, the flush is local. Measured
-    /// (docs/performance.md): cross-process 4 KiB p50 41 µs instead of
-    /// 70-90, whatever the peer's threads are doing.
+    /// (docs/performance.md): cross-process 4 KiB p50 35-43 µs instead of
+    /// 68-87, whatever vCPU the peer's threads run on.
     ///
     /// If the serving agent cannot load the peer (the peer is this agent
     /// itself, say), the peer's transfers carry their notification, as with

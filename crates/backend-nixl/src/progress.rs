@@ -31,15 +31,16 @@
 //!
 //! Measured on the 2-core test machine (docs/performance.md):
 //! - the notification apart from the transfer: cross-process 4 KiB p50
-//!   38-42 µs instead of 70-90 (raw nixl-sys, notification attached: 79-91),
-//!   4 KiB × 16 1.2-1.5 × raw nixl-sys's GB/s instead of 0.8-0.9, and the
+//!   35-43 µs instead of 68-87 (raw nixl-sys, notification attached: 72-89),
+//!   4 KiB × 16 1.25-1.40 × raw nixl-sys's GB/s instead of 0.77-0.98, and the
 //!   small rows no longer depend on where the scheduler runs the peer's
 //!   threads (before, the flush waited for the peer's NIXL thread to wake);
-//! - spinning on the *target* side after an exposure lowered the initiator's
-//!   cross-process 4 KiB p50 by ~10 µs (before notifications went apart).
-//!   Not by progressing the target: with NIXL's thread on, asking for
-//!   notifications does not progress the agent, so a target is served when
-//!   that thread wakes on traffic, sooner when its vCPU is awake;
+//! - spinning on the *target* side after an exposure: without it, the
+//!   initiator's cross-process 4 KiB READ p50 was 68-74 µs instead of 33-37
+//!   (by ~10 µs before notifications went apart). Not by progressing the
+//!   target: with NIXL's thread on, asking for notifications does not
+//!   progress the agent; the target's threads are woken sooner while its
+//!   vCPU is awake;
 //! - a longer spin window (300 µs, 1 ms) or a waiter that only watched the
 //!   status gained nothing and cost CPU;
 //! - NIXL's progress thread's delay (1, 10, 100 ms) did not change latency

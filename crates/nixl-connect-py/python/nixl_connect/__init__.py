@@ -676,8 +676,8 @@ class Connector:
     ``True``, NIXL's default; NIXL only): whether UCX must detect a peer that
     dies (its ``ucx_error_handling_mode``, ``peer`` or ``none``). Off, a host
     without RDMA devices sends notifications through shared memory instead of
-    TCP: a 4 KiB transfer between two processes measured 16-18 µs instead of
-    60 µs (Rust API, docs/performance.md), and only the initiator's setting
+    TCP: a 4 KiB transfer between two processes measured 18-26 µs instead of
+    28-39 µs (Rust API, docs/performance.md), and only the initiator's setting
     counts. But UCX then does not promise that a transfer to a peer that dies
     ends at all: bound the waits where peers can die.
     """
