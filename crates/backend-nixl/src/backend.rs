@@ -142,7 +142,9 @@ impl NixlBackendBuilder {
     /// between processes (docs/performance.md): 4 KiB in 35-43 µs instead of
     /// 68-87 with the notification attached to the transfer. A transfer to
     /// the connector's own memory carries its notification (from
-    /// `<name>.initiator`): an agent cannot load itself as a peer. On the thread's worker, UCX's lock is a spinlock: with the
+    /// `<name>.initiator`): an agent cannot load itself as a peer.
+    ///
+    /// On the thread's worker, UCX's lock is a spinlock: with the
     /// thread beside the thread that posts and waits, one was preempted
     /// holding it while the other spun until the scheduler's tick, and on the
     /// 2-core test machine 1-17% of the transfers between processes took
@@ -486,8 +488,10 @@ impl NixlBackend {
                     false
                 }
             };
+        // Loads of one peer may race: the agent has it if any load took.
         lock(&self.notifiers)
             .entry(peer.to_owned())
+            .and_modify(|notifier| *notifier |= loaded)
             .or_insert(loaded);
     }
 
