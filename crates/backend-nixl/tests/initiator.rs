@@ -189,3 +189,63 @@ fn a_large_write_nobody_follows_is_moved_on_by_the_watcher() {
     let from = write_once(&a, &b, len, Follow::HandsOff);
     assert_eq!(&*from, format!("{name}-a"));
 }
+
+/// The first transfer to a peer, its initiator dropped as soon as the
+/// transfer ended: the peer still gets the notification (the serving agent
+/// that sends it is new to the peer, and goes away with the backend).
+#[test]
+fn the_notification_outlives_an_initiator_dropped_at_once() {
+    let Some((_, a, b)) = pair("drop-test", true) else {
+        return;
+    };
+    let len = 4096;
+    let mut target = ManuallyDrop::new(vec![0u8; len]);
+    let mut source = ManuallyDrop::new(pattern(9, len));
+    let (target_seg, source_seg) = (segment(&mut target), segment(&mut source));
+    // SAFETY: both buffers outlive their registrations: `b`'s is revoked and
+    // deregistered below, `a`'s goes with `a`, dropped once its transfer
+    // ended (the buffers are leaked on a failed assertion).
+    let (target_region, exposure) = unsafe {
+        let target_region = b.register(&target_seg, true).unwrap();
+        let exposure = b
+            .expose(&[target_region], OperationKind::Write, b"bye")
+            .unwrap();
+        a.register(&source_seg, false).unwrap();
+        (target_region, exposure)
+    };
+    let peer = a.load_remote(&exposure.agent_metadata).unwrap();
+    let request = TransferRequest {
+        op: OperationKind::Write,
+        peer: &peer,
+        local: &[source_seg],
+        remote: &[target_seg],
+        notification: b"bye",
+        notify: true,
+    };
+    // SAFETY: the local segment is registered with `a` above, and the buffer
+    // lives until the transfer has ended and `a` is gone (below).
+    let posted = unsafe { a.post(&request) }.unwrap();
+    let started = Instant::now();
+    while matches!(a.poll(posted.id), TransferState::InProgress) {
+        assert!(started.elapsed() < BOUND, "the WRITE never ended");
+        std::thread::yield_now();
+    }
+    assert!(matches!(a.poll(posted.id), TransferState::Done));
+    assert_eq!(a.release(posted.id).unwrap(), Release::LetGo);
+    drop(a);
+    let mut got = Vec::new();
+    while got.is_empty() {
+        assert!(
+            started.elapsed() < BOUND,
+            "the notification never arrived once the initiator was dropped"
+        );
+        b.drain_notifications(&mut |n| got.push(n)).unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(&*got[0].payload, b"bye");
+    b.revoke(exposure.id).unwrap();
+    b.deregister(target_region).unwrap();
+    assert!(*target == pattern(9, len), "the bytes in place differ");
+    drop(ManuallyDrop::into_inner(source));
+    drop(ManuallyDrop::into_inner(target));
+}
