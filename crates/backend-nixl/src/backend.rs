@@ -16,7 +16,7 @@ use nixl_sys::{
     RegistrationHandle, ThreadSync, XferDescList, XferOp,
 };
 
-use crate::progress::{Live, Look, Notify, Transfer, WATCH_AT_POST, lock};
+use crate::progress::{Live, Notify, Transfer, WATCH_AT_POST, lock};
 use crate::runtime;
 
 const NAME: &str = "nixl";
@@ -743,22 +743,14 @@ impl RegistrationBackend for NixlBackend {
                 Some(Arc::new(nixl_error(format!("post {}", context()), e)) as SharedCause),
             ),
         };
-        let mut transfer = Transfer::new(xfer, post_error, notify);
-        // Done at once: recorded, and a notification to send goes out now (the
-        // transfer is not in the map yet). A failed post is reported once
-        // NIXL says the request is idle.
-        let state = match done.then(|| transfer.look(self.live.initiating())) {
-            None | Some(Look::Running) => TransferState::InProgress,
-            Some(Look::Ended(state)) => state,
-            Some(Look::Notify(notify)) => {
-                let state = self.live.send(&notify);
-                transfer.notifying = false;
-                transfer.finished = Some(state.clone());
-                state
-            }
-        };
         let id = self.id();
-        lock(&self.live.transfers).insert(id, transfer);
+        lock(&self.live.transfers).insert(id, Transfer::new(xfer, post_error, notify));
+        // Done at once: recorded, and a notification to send goes out now. A
+        // failed post is reported once NIXL says the request is idle.
+        let state = done
+            .then(|| self.live.state(id, |_| {}))
+            .flatten()
+            .unwrap_or(TransferState::InProgress);
         // The initiating agent runs no NIXL thread: the watcher moves a
         // transfer on (and sends its notification) when nobody waits on it,
         // and leaves alone one that a waiting thread polls. A small one is

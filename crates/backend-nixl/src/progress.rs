@@ -126,7 +126,7 @@ pub(crate) struct Transfer {
     pub(crate) notify: Option<Notify>,
     /// A thread is sending the notification: the transfer counts as running
     /// until that thread records the end.
-    pub(crate) notifying: bool,
+    notifying: bool,
 }
 
 /// A transfer's notification, sent apart from it.
@@ -136,7 +136,7 @@ pub(crate) struct Notify {
 }
 
 /// What a look at a transfer found.
-pub(crate) enum Look {
+enum Look {
     /// Still running, or another thread is sending its notification.
     Running,
     /// Ended, recorded.
@@ -170,7 +170,7 @@ impl Transfer {
     /// after the bytes are in place (NIXL reports a transfer done once it
     /// flushed its endpoint), and the initiator's operation does not end
     /// before its peer was told.
-    pub(crate) fn look(&mut self, agent: &Agent) -> Look {
+    fn look(&mut self, agent: &Agent) -> Look {
         if let Some(state) = &self.finished {
             return Look::Ended(state.clone());
         }
@@ -251,11 +251,13 @@ impl Live {
         self.initiator.is_some()
     }
 
-    /// Sends a transfer's notification from the serving agent: Done once
-    /// NIXL took it, else why not (the bytes moved, but the peer was not
-    /// told). A system call: never under a lock of ours.
-    pub(crate) fn send(&self, notify: &Notify) -> TransferState {
-        match self
+    /// Sends, from the serving agent, the notification that a look at
+    /// transfer `id` handed out ([`Look::Notify`]), and records the
+    /// transfer's end: Done once NIXL took the notification, else why not
+    /// (the bytes moved, but the peer was not told). A system call: called
+    /// without the transfer map's lock, which it takes only to record.
+    fn notify(&self, id: u64, notify: &Notify) -> TransferState {
+        let state = match self
             .agent
             .send_notification(&notify.peer, &notify.payload, None)
         {
@@ -264,14 +266,7 @@ impl Live {
                 "the transfer completed, but sending its notification to peer {:?} failed: {e}",
                 notify.peer
             )),
-        }
-    }
-
-    /// Sends the notification that a look at transfer `id` handed out
-    /// ([`Look::Notify`]) and records the transfer's end. Called without the
-    /// transfer map's lock.
-    pub(crate) fn notify(&self, id: u64, notify: &Notify) -> TransferState {
-        let state = self.send(notify);
+        };
         if let Some(t) = lock(&self.transfers).get_mut(&id) {
             t.notifying = false;
             t.finished = Some(state.clone());
