@@ -2,7 +2,7 @@
 //! and one that posts this connector's transfers when NIXL's thread is on).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,7 +16,7 @@ use nixl_sys::{
     RegistrationHandle, ThreadSync, XferDescList, XferOp,
 };
 
-use crate::progress::{Live, Notify, Transfer, WATCH_AT_POST, lock};
+use crate::progress::{Live, Notify, Transfer, Via, WATCH_AT_POST, lock};
 use crate::runtime;
 
 const NAME: &str = "nixl";
@@ -140,9 +140,14 @@ impl NixlBackendBuilder {
     /// sent a message waits for the peer to acknowledge a zero-length put,
     /// that is for the peer's progress. Measured on the 2-core test machine
     /// between processes (docs/performance.md): 4 KiB in 35-43 µs instead of
-    /// 68-87 with the notification attached to the transfer. A transfer to
-    /// the connector's own memory carries its notification (from
-    /// `<name>.initiator`): an agent cannot load itself as a peer.
+    /// 68-87 with the notification attached to the transfer. Until one
+    /// transfer to a peer succeeded that way, transfers to it go through the
+    /// serving agent with their notification attached, so that the first
+    /// message on its new endpoint to the peer (which can wait for the
+    /// endpoint's handshake) is tracked with a transfer: NIXL does not say
+    /// when a notification sent apart leaves. A transfer to the connector's
+    /// own memory carries its notification (from `<name>.initiator`): an
+    /// agent cannot load itself as a peer.
     ///
     /// On the thread's worker, UCX's lock is a spinlock: with the
     /// thread beside the thread that posts and waits, one was preempted
@@ -296,10 +301,30 @@ pub struct NixlBackend {
     /// This agent's connection-only metadata, made once.
     connection_md: Mutex<Option<Vec<u8>>>,
     /// Peers the serving agent was asked to load, so that it sends the
-    /// notifications of transfers to them (see [`Live::notifies`]): true if
-    /// it did, false if it could not (their transfers then carry their
-    /// notification).
-    notifiers: Mutex<HashMap<String, bool>>,
+    /// notifications of transfers to them (see [`Live::notifies`]): `Some`
+    /// if it did, with whether it has proven its endpoint to the peer
+    /// ([`Route`]); `None` if it could not (their transfers then carry their
+    /// notification through the initiating agent).
+    notifiers: Mutex<HashMap<String, Option<Arc<AtomicBool>>>>,
+}
+
+/// How a transfer that notifies its peer goes out.
+enum Route {
+    /// Through the initiating agent, carrying its notification: the serving
+    /// agent has not loaded the peer (it is this connector, say).
+    Attached,
+    /// Through the serving agent, carrying its notification, until one such
+    /// transfer succeeded (then the flag is set). NIXL's `genNotif` does not
+    /// say when its message leaves, and the first message on a new UCX
+    /// endpoint can wait for the endpoint's handshake, which needs the
+    /// peer's progress: the operation would end (and this process could
+    /// exit, losing the message) before the peer was told. A notification
+    /// carried by a transfer is tracked with it: once one arrived that way,
+    /// the serving agent's endpoint to the peer is connected.
+    Proving(Arc<AtomicBool>),
+    /// Through the initiating agent, and the serving agent sends the
+    /// notification once NIXL reports the transfer done.
+    Apart,
 }
 
 impl std::fmt::Debug for NixlBackend {
@@ -460,9 +485,11 @@ impl NixlBackend {
         Ok(blob)
     }
 
-    /// Loads `peer` (its connection info, in `blob`) into the serving agent
-    /// too, once, so that the serving agent sends the notifications of
-    /// transfers to it.
+    /// Loads `peer` (its metadata, or only its connection info, in `blob`)
+    /// into the serving agent too, so that the serving agent sends the
+    /// notifications of transfers to it: once, and again while the serving
+    /// agent still proves its endpoint to the peer ([`Route::Proving`]: it
+    /// then posts transfers, and needs the peer's regions).
     ///
     /// Why: the initiating agent's endpoint to the peer then carries only
     /// the transfers. NIXL flushes that endpoint before it reports a
@@ -477,27 +504,43 @@ impl NixlBackend {
     /// itself, say), the peer's transfers carry their notification, as with
     /// one agent.
     fn load_notifier(&self, peer: &str, blob: &[u8]) {
-        if !self.live.notifies() || lock(&self.notifiers).contains_key(peer) {
+        if !self.live.notifies() || peer == self.name {
             return;
         }
-        let loaded = peer != self.name
-            && match self.live.agent.load_remote_md(blob) {
-                Ok(_) => true,
-                Err(error) => {
-                    tracing::debug!(%peer, %error, "the serving agent cannot load the peer: its transfers carry their notification");
-                    false
-                }
-            };
+        let first = match lock(&self.notifiers).get(peer) {
+            None => true,
+            Some(None) => return,
+            Some(Some(proven)) if proven.load(Ordering::Acquire) => return,
+            Some(Some(_)) => false,
+        };
+        let loaded = match self.live.agent.load_remote_md(blob) {
+            Ok(_) => true,
+            Err(error) if first => {
+                tracing::debug!(%peer, %error, "the serving agent cannot load the peer: its transfers carry their notification");
+                false
+            }
+            Err(error) => {
+                // A transfer the serving agent cannot post goes through the
+                // initiating agent instead (`post`).
+                tracing::debug!(%peer, %error, "the serving agent cannot load more of the peer");
+                return;
+            }
+        };
         // Loads of one peer may race: the agent has it if any load took.
-        lock(&self.notifiers)
-            .entry(peer.to_owned())
-            .and_modify(|notifier| *notifier |= loaded)
-            .or_insert(loaded);
+        let mut notifiers = lock(&self.notifiers);
+        let notifier = notifiers.entry(peer.to_owned()).or_insert(None);
+        if loaded && notifier.is_none() {
+            *notifier = Some(Arc::new(AtomicBool::new(false)));
+        }
     }
 
-    /// Whether the serving agent sends the notifications of transfers to `peer`.
-    fn notifies(&self, peer: &str) -> bool {
-        lock(&self.notifiers).get(peer).copied().unwrap_or(false)
+    /// How a transfer to `peer` that notifies it goes out.
+    fn route(&self, peer: &str) -> Route {
+        match lock(&self.notifiers).get(peer) {
+            Some(Some(proven)) if proven.load(Ordering::Acquire) => Route::Apart,
+            Some(Some(proven)) => Route::Proving(Arc::clone(proven)),
+            _ => Route::Attached,
+        }
     }
 
     fn load(&self, blob: &[u8], what: &str) -> Result<String> {
@@ -669,6 +712,7 @@ impl RegistrationBackend for NixlBackend {
                     ),
                 });
             }
+            self.load_notifier(&peer, regions);
         }
         Ok(peer)
     }
@@ -682,7 +726,7 @@ impl RegistrationBackend for NixlBackend {
     fn unload_remote(&self, peer: &str) -> Result<()> {
         lock(&self.connections).retain(|_, name| name != peer);
         let notifier = lock(&self.notifiers).remove(peer);
-        if notifier == Some(true)
+        if let Some(Some(_)) = notifier
             && let Err(error) = self.live.agent.invalidate_remote_md(peer)
         {
             // The initiating agent's unload below is what the connector
@@ -710,33 +754,46 @@ impl RegistrationBackend for NixlBackend {
         let local = xfer_list(request.local, Side::Local)?;
         let remote = xfer_list(request.remote, Side::Remote)?;
         let mut args = OptArgs::new().map_err(|e| nixl_error(context(), e))?;
-        let notify = (request.notify && self.notifies(request.peer)).then(|| Notify {
-            peer: request.peer.to_owned(),
-            payload: request.notification.into(),
-        });
-        if request.notify && notify.is_none() {
+        let route = request.notify.then(|| self.route(request.peer));
+        if let Some(Route::Attached | Route::Proving(_)) = route {
             args.set_notification_message(request.notification)
                 .and_then(|()| args.set_has_notification(true))
                 .map_err(|e| nixl_error(context(), e))?;
         }
-        let xfer = self
-            .live
-            .initiating()
-            .create_xfer_req(op, &local, &remote, request.peer, Some(&args))
-            .map_err(|e| match e {
-                NixlError::FailedToCreateXferRequest | NixlError::NotFound => Error::AccessDenied {
-                    backend: NAME,
-                    peer: request.peer.to_owned(),
-                    reason: format!(
-                        "NIXL refused the {verb}: remote ranges are not inside regions the peer's metadata describes, or the peer is not loaded ({e})"
-                    ),
-                },
-                e => nixl_error(context(), e),
-            })?;
+        let mut via = match &route {
+            Some(Route::Proving(proven)) => Via::Serving {
+                proves: Arc::clone(proven),
+            },
+            _ => Via::Initiating,
+        };
+        let notify = matches!(route, Some(Route::Apart)).then(|| Notify {
+            peer: request.peer.to_owned(),
+            payload: request.notification.into(),
+        });
+        let create =
+            |agent: &Agent| agent.create_xfer_req(op, &local, &remote, request.peer, Some(&args));
+        let mut created = create(self.live.posting(&via));
+        if let (Via::Serving { .. }, Err(error)) = (&via, &created) {
+            // The serving agent lacks some of the peer's regions (a load
+            // failed there): through the initiating one, then.
+            tracing::debug!(peer = %request.peer, %error, "the serving agent cannot post the transfer");
+            via = Via::Initiating;
+            created = create(self.live.initiating());
+        }
+        let xfer = created.map_err(|e| match e {
+            NixlError::FailedToCreateXferRequest | NixlError::NotFound => Error::AccessDenied {
+                backend: NAME,
+                peer: request.peer.to_owned(),
+                reason: format!(
+                    "NIXL refused the {verb}: remote ranges are not inside regions the peer's metadata describes, or the peer is not loaded ({e})"
+                ),
+            },
+            e => nixl_error(context(), e),
+        })?;
         // A failed post may have started some of its work (a peer dying mid-copy
         // fails it halfway), so the request is kept like a running one: it is
         // reported failed, and released only once NIXL says it is not running.
-        let (done, post_error) = match self.live.initiating().post_xfer_req(&xfer, None) {
+        let (done, post_error) = match self.live.posting(&via).post_xfer_req(&xfer, None) {
             Ok(pending) => (!pending, None),
             Err(e) => (
                 false,
@@ -744,7 +801,7 @@ impl RegistrationBackend for NixlBackend {
             ),
         };
         let id = self.id();
-        lock(&self.live.transfers).insert(id, Transfer::new(xfer, post_error, notify));
+        lock(&self.live.transfers).insert(id, Transfer::new(xfer, via, post_error, notify));
         // Done at once: recorded, and a notification to send goes out now. A
         // failed post is reported once NIXL says the request is idle.
         let state = done

@@ -27,7 +27,12 @@
 //! endpoint then carries no message, and NIXL's flush of it before reporting
 //! a transfer done needs no answer from the peer (over TCP, UCX flushes an
 //! endpoint that sent a message with a zero-length put and waits for its
-//! acknowledgement, which the peer sends only when it progresses).
+//! acknowledgement, which the peer sends only when it progresses). NIXL
+//! does not say when a notification sent apart leaves, and the first
+//! message on the serving agent's new endpoint to a peer can wait for the
+//! endpoint's handshake: so the first transfers to a peer go through the
+//! serving agent with their notification attached ([`Via::Serving`]), until
+//! one succeeded.
 //!
 //! Measured on the 2-core test machine (docs/performance.md):
 //! - the notification apart from the transfer: cross-process 4 KiB p50
@@ -60,6 +65,7 @@
 //!   pause is answered as before.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -110,9 +116,21 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// The agent that posted a transfer.
+pub(crate) enum Via {
+    /// The initiating agent (the serving one itself when NIXL's thread is
+    /// off: see [`Live`]).
+    Initiating,
+    /// The serving agent, with the transfer's notification attached: its
+    /// success `proves` the serving agent's endpoint to the peer (see
+    /// `Route::Proving` in the backend).
+    Serving { proves: Arc<AtomicBool> },
+}
+
 /// A posted transfer.
 pub(crate) struct Transfer {
     pub(crate) request: XferRequest,
+    via: Via,
     /// When a waiting thread (not the watcher) last asked about it.
     pub(crate) assisted: Option<Instant>,
     /// Set once NIXL reported the end (or the post failed), and the
@@ -149,11 +167,13 @@ enum Look {
 impl Transfer {
     pub(crate) fn new(
         request: XferRequest,
+        via: Via,
         post_error: Option<SharedCause>,
         notify: Option<Notify>,
     ) -> Transfer {
         Transfer {
             request,
+            via,
             assisted: None,
             finished: None,
             post_error,
@@ -162,8 +182,8 @@ impl Transfer {
         }
     }
 
-    /// Asks NIXL (through `agent`, the one that posted it) whether the
-    /// transfer ended, and records the end.
+    /// Asks NIXL (through `agent`, the one that posted it: [`Live::posting`])
+    /// whether the transfer ended, and records the end.
     ///
     /// A transfer whose notification goes apart ends only once the serving
     /// agent sent it: the passive side then learns of the transfer only
@@ -185,7 +205,12 @@ impl Transfer {
                     self.notifying = true;
                     return Look::Notify(notify);
                 }
-                None => TransferState::Done,
+                None => {
+                    if let Via::Serving { proves } = &self.via {
+                        proves.store(true, Ordering::Release);
+                    }
+                    TransferState::Done
+                }
             },
             (Err(e), None) => TransferState::failed(e),
         };
@@ -244,6 +269,14 @@ impl Live {
         self.initiator.as_ref().unwrap_or(&self.agent)
     }
 
+    /// The agent a transfer posted `via` goes through.
+    pub(crate) fn posting(&self, via: &Via) -> &Agent {
+        match via {
+            Via::Initiating => self.initiating(),
+            Via::Serving { .. } => &self.agent,
+        }
+    }
+
     /// Whether the serving agent can send the notifications of this
     /// connector's transfers (when a second agent posts them, see
     /// [`Transfer::notify`]).
@@ -283,7 +316,7 @@ impl Live {
             let mut transfers = lock(&self.transfers);
             let t = transfers.get_mut(&id)?;
             mark(t);
-            t.look(self.initiating())
+            t.look(self.posting(&t.via))
         };
         Some(match look {
             Look::Running => TransferState::InProgress,
@@ -382,7 +415,7 @@ impl Live {
                 in_flight = true;
                 continue;
             }
-            match t.look(self.initiating()) {
+            match t.look(self.posting(&t.via)) {
                 Look::Running => in_flight = true,
                 Look::Ended(_) => ended = true,
                 Look::Notify(notify) => due.push((id, notify)),

@@ -1,8 +1,9 @@
 //! With NIXL's progress thread on, a connector's own transfers go out through
 //! a second agent, `<name>.initiator`, that runs no NIXL thread; peers reach
 //! the agent called `<name>`, which also sends the notifications of the
-//! transfers (once each transfer is done). Driven through the backend trait,
-//! so that the sender of each notification can be read.
+//! transfers (once each transfer is done; the first transfers to a peer go
+//! through `<name>`, carrying their notification). Driven through the
+//! backend trait, so that the sender of each notification can be read.
 #![allow(clippy::unwrap_used, clippy::panic)]
 
 use std::mem::ManuallyDrop;
@@ -133,9 +134,12 @@ fn pair(test: &str, progress_thread: bool) -> Option<(String, NixlBackend, NixlB
     Some((name, a, b))
 }
 
-/// The transfer goes out through `<name>.initiator`; its notification, once
-/// the transfer is done, from `<name>` (so that the initiating agent's
-/// endpoint carries no message that its next flush would wait on).
+/// Either way the notification comes from `<name>`: the first transfer to
+/// the peer goes out through `<name>` with its notification attached (which
+/// proves `<name>`'s endpoint to the peer); the next one through
+/// `<name>.initiator`, its notification sent by `<name>` once the transfer
+/// is done (so that the initiating agent's endpoint carries no message that
+/// its next flush would wait on).
 #[test]
 fn transfers_go_out_through_a_threadless_second_agent_and_the_first_notifies() {
     let Some((name, a, b)) = pair("initiator-test", true) else {
@@ -190,9 +194,9 @@ fn a_large_write_nobody_follows_is_moved_on_by_the_watcher() {
     assert_eq!(&*from, format!("{name}-a"));
 }
 
-/// The first transfer to a peer, its initiator dropped as soon as the
-/// transfer ended: the peer still gets the notification (the serving agent
-/// that sends it is new to the peer, and goes away with the backend).
+/// The first transfer to a peer, its backend dropped as soon as the
+/// transfer ended: the peer still gets the notification (sent by the serving
+/// agent, which is new to the peer and goes away with the backend).
 #[test]
 fn the_notification_outlives_an_initiator_dropped_at_once() {
     let Some((_, a, b)) = pair("drop-test", true) else {
