@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use backend_nixl::NixlBackend;
 use descriptor_core::{Connector, Descriptor, RdmaMetadata};
-use test_support::{Peer, crc32_of, pattern, runtime_available};
+use test_support::{Peer, crc32_of, nixl_connector, pattern, runtime_available};
 
 const BLOCKS: usize = 64;
 const BLOCK: usize = 1 << 20;
@@ -76,4 +76,63 @@ fn write_64_mib_into_another_process() {
         "the peer received other bytes than were written"
     );
     peer.finish();
+}
+
+/// An active peer that exits as soon as its operation ended, the first
+/// between the two agents: the passive side still gets the notification.
+/// (It did not when the notification could still wait in UCX, behind the
+/// handshake of a new endpoint, as the operation ended.) Both kinds, with
+/// and without UCX's peer-failure detection, several rounds each.
+#[test]
+fn an_active_peer_that_exits_at_once_still_notifies() {
+    if !runtime_available() {
+        return;
+    }
+    const ROUNDS: u64 = 6;
+    for (serves, detect) in [(true, false), (false, false), (true, true), (false, true)] {
+        let server = nixl_connector("server", serves);
+        for round in 0..ROUNDS {
+            for role in ["reader", "writer"] {
+                let seed = 40 + round * 10;
+                let blocks = |seed: Option<u64>| {
+                    (0..4)
+                        .map(|i| {
+                            Descriptor::new(match seed {
+                                Some(seed) => pattern(seed + i, 4096),
+                                None => vec![0u8; 4096],
+                            })
+                            .unwrap()
+                        })
+                        .collect::<Vec<_>>()
+                };
+                let mut command = Command::new(env!("CARGO_BIN_EXE_nixl-test-peer"));
+                command.args([role, &seed.to_string(), &detect.to_string()]);
+                let mut peer = Peer::spawn(command);
+                let (passive, expected) = if role == "reader" {
+                    let source = blocks(Some(seed));
+                    let expected = crc32_of(&source);
+                    let readable = server.create_readable(source).unwrap();
+                    peer.send(&readable.metadata().to_json());
+                    let wait = readable.wait_timeout(Duration::from_secs(10));
+                    let held = wait.map(|()| readable.into_descriptors().unwrap());
+                    (held, expected)
+                } else {
+                    let expected = crc32_of(&blocks(Some(seed)));
+                    let writable = server.create_writable(blocks(None)).unwrap();
+                    peer.send(&writable.metadata().to_json());
+                    let wait = writable.wait_timeout(Duration::from_secs(10));
+                    let held = wait.map(|()| writable.into_descriptors().unwrap());
+                    (held, expected)
+                };
+                assert_eq!(peer.line(WAIT), r#"{"started":true}"#);
+                let report: serde_json::Value = serde_json::from_str(&peer.line(WAIT)).unwrap();
+                peer.finish();
+                let held = passive.unwrap_or_else(|e| {
+                    panic!("round {round}, detection {serves} (passive) / {detect} (active): the {role} ended and exited, but its notification never came: {e}")
+                });
+                assert_eq!(report["crc32"], expected, "the {role}'s bytes");
+                assert_eq!(crc32_of(&held), expected, "the passive side's bytes");
+            }
+        }
+    }
 }

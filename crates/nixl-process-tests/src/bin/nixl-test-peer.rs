@@ -3,11 +3,14 @@
 //! - `readable|writable BLOCKS BLOCK_SIZE [SEED]`: exposes blocks, prints the
 //!   RdmaMetadata as one JSON line, waits for the peer's notification, then
 //!   prints the CRC-32 of its blocks.
-//! - `reader|writer [SEED]`: reads RdmaMetadata from stdin, prints
-//!   `{"started":true}` once its READ/WRITE is posted, waits, then prints the
-//!   CRC-32 of its blocks.
+//! - `reader|writer [SEED [DETECT]]`: reads RdmaMetadata from stdin, prints
+//!   `{"started":true}` once its READ/WRITE is posted, waits, prints the
+//!   CRC-32 of its blocks, and exits at once (without dropping its
+//!   connector). DETECT (`true`, the default, or
+//!   `false`) is UCX's peer-failure detection.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -24,7 +27,7 @@ fn crc_line(descriptors: &[Descriptor]) -> String {
 }
 
 /// The active side: a READ or WRITE against metadata read from stdin.
-fn active(mode: &str, seed: u64) -> Result<(), String> {
+fn active(mode: &str, seed: u64, detect: bool) -> Result<(), String> {
     let err = |e: descriptor_core::Error| e.to_string();
     let mut line = String::new();
     std::io::stdin()
@@ -32,7 +35,10 @@ fn active(mode: &str, seed: u64) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     let metadata: descriptor_core::RdmaMetadata = line.trim().parse().map_err(err)?;
     let connector = Connector::new(
-        NixlBackend::new(&format!("peer-{mode}-{}", std::process::id())).map_err(err)?,
+        NixlBackend::builder(&format!("peer-{mode}-{}", std::process::id()))
+            .peer_failure_detection(detect)
+            .build()
+            .map_err(err)?,
     );
     let sizes: Vec<usize> = metadata
         .descriptors()
@@ -65,7 +71,13 @@ fn active(mode: &str, seed: u64) -> Result<(), String> {
             .map_err(|op| format!("not released: {op:?}"))?
     };
     println!("{}", crc_line(&descriptors));
-    Ok(())
+    // Gone at once, the connector not even dropped: what the operation's end
+    // promised (its notification on its way) must not depend on this
+    // process living on.
+    if std::io::stdout().flush().is_err() {
+        std::process::exit(1);
+    }
+    std::process::exit(0)
 }
 
 fn run(args: &[String]) -> Result<(), String> {
@@ -76,7 +88,11 @@ fn run(args: &[String]) -> Result<(), String> {
             .first()
             .map(|s| s.parse::<u64>().map_err(|e| e.to_string()))
             .transpose()?;
-        return active(mode, seed.unwrap_or(1));
+        let detect = rest
+            .get(1)
+            .map(|s| s.parse::<bool>().map_err(|e| format!("{s:?}: {e}")))
+            .transpose()?;
+        return active(mode, seed.unwrap_or(1), detect.unwrap_or(true));
     }
     let [mode, blocks, size, rest @ ..] = args else {
         return Err("usage: nixl-test-peer readable|writable BLOCKS BLOCK_SIZE [SEED]".into());
