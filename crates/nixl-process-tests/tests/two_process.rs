@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use backend_nixl::NixlBackend;
 use descriptor_core::{Connector, Descriptor, RdmaMetadata};
-use test_support::{Peer, crc32_of, nixl_connector, pattern, runtime_available};
+use test_support::{Peer, crc32_of, pattern, runtime_available};
 
 const BLOCKS: usize = 64;
 const BLOCK: usize = 1 << 20;
@@ -81,16 +81,32 @@ fn write_64_mib_into_another_process() {
 /// An active peer that exits as soon as its operation ended, the first
 /// between the two agents: the passive side still gets the notification.
 /// (It did not when the notification could still wait in UCX, behind the
-/// handshake of a new endpoint, as the operation ended.) Both kinds, with
-/// and without UCX's peer-failure detection, several rounds each.
+/// handshake of a new endpoint, as the operation ended: this test then
+/// failed in 3 of 10 runs. A race: not every run catches it.) Both kinds,
+/// each pairing of UCX's peer-failure detection, the passive side with and
+/// without NIXL's thread, several rounds each.
 #[test]
 fn an_active_peer_that_exits_at_once_still_notifies() {
     if !runtime_available() {
         return;
     }
-    const ROUNDS: u64 = 6;
-    for (serves, detect) in [(true, false), (false, false), (true, true), (false, true)] {
-        let server = nixl_connector("server", serves);
+    const ROUNDS: u64 = 3;
+    let pairings = [(true, false), (false, false), (true, true), (false, true)];
+    for (thread, (serves, detect)) in [false, true]
+        .into_iter()
+        .flat_map(|t| pairings.map(|p| (t, p)))
+    {
+        // Without NIXL's thread the passive side answers a new endpoint's
+        // handshake only when its watcher polls: the active side's transfer
+        // (which needs nothing from it) is done well before.
+        let name = format!("server-{serves}-{thread}-{}", std::process::id());
+        let server = Connector::new(
+            NixlBackend::builder(&name)
+                .peer_failure_detection(serves)
+                .progress_thread(thread)
+                .build()
+                .unwrap(),
+        );
         for round in 0..ROUNDS {
             for role in ["reader", "writer"] {
                 let seed = 40 + round * 10;
@@ -128,7 +144,7 @@ fn an_active_peer_that_exits_at_once_still_notifies() {
                 let report: serde_json::Value = serde_json::from_str(&peer.line(WAIT)).unwrap();
                 peer.finish();
                 let held = passive.unwrap_or_else(|e| {
-                    panic!("round {round}, detection {serves} (passive) / {detect} (active): the {role} ended and exited, but its notification never came: {e}")
+                    panic!("round {round}, passive NIXL thread {thread}, detection {serves} (passive) / {detect} (active): the {role} ended and exited, but its notification never came: {e}")
                 });
                 assert_eq!(report["crc32"], expected, "the {role}'s bytes");
                 assert_eq!(crc32_of(&held), expected, "the passive side's bytes");

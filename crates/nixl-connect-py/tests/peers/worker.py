@@ -8,7 +8,8 @@ from stdin (active roles), then prints `{"sha256": [...], "status": "..."}`
 with the checksum of each of its buffers after the transfer (and, for ours,
 `"ucx_error_handling_mode"`: the NIXL agent's).
 
-Roles: readable, writable (passive); read, write (active).
+Roles: readable, writable (passive); read, write (active, which exit at
+once after printing, without closing their connector).
 Buffers: SIZES bytes each; a sender fills buffer i with pattern(seed, i).
 """
 
@@ -84,3 +85,9 @@ async def main(role: str, seed: int) -> None:
 
 if __name__ == "__main__":
     asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+    if sys.argv[1] in ("read", "write"):
+        # An active worker gone as soon as its operation ended, its connector
+        # not even closed: the end it was told of (the peer notified) must not
+        # depend on this process living on.
+        sys.stdout.flush()
+        os._exit(0)
