@@ -131,8 +131,8 @@ impl NixlBackendBuilder {
     /// receives their notifications and sends this connector's; the
     /// connector's own READs and WRITEs go out through a second one,
     /// `<name>.initiator`, without it. Memory is registered with both, and a
-    /// peer is loaded into both (the serving agent needs only its connection
-    /// info). A transfer's notification goes out from the serving agent once
+    /// peer is loaded into both (the serving agent needs its connection info,
+    /// and its regions only for the first transfers, below). A transfer's notification goes out from the serving agent once
     /// NIXL reports the transfer done, so the passive side still sees it
     /// only after the bytes are in place, and the initiating agent's
     /// endpoint carries no message: NIXL flushes that endpoint before it

@@ -308,9 +308,9 @@ impl Live {
     }
 
     /// The state of transfer `id` (`InProgress` while it runs), `None` if
-    /// there is no such transfer. Looks through the initiating agent and, if
-    /// the transfer's notification is due, sends it once the map's lock is
-    /// released. `mark` runs on the transfer under the lock first.
+    /// there is no such transfer. Looks through the agent that posted it
+    /// and, if the transfer's notification is due, sends it once the map's
+    /// lock is released. `mark` runs on the transfer under the lock first.
     pub(crate) fn state(&self, id: u64, mark: impl FnOnce(&mut Transfer)) -> Option<TransferState> {
         let look = {
             let mut transfers = lock(&self.transfers);
