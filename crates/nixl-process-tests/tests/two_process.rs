@@ -96,9 +96,9 @@ fn an_active_peer_that_exits_at_once_still_notifies() {
         .into_iter()
         .flat_map(|t| pairings.map(|p| (t, p)))
     {
-        // Without NIXL's thread the passive side answers a new endpoint's
-        // handshake only when its watcher polls: the active side's transfer
-        // (which needs nothing from it) is done well before.
+        // With NIXL's thread the passive side answers a new endpoint's
+        // handshake when that thread wakes, without it when its watcher
+        // polls: the race above runs differently.
         let name = format!("server-{serves}-{thread}-{}", std::process::id());
         let server = Connector::new(
             NixlBackend::builder(&name)

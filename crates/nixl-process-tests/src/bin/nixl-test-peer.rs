@@ -6,8 +6,8 @@
 //! - `reader|writer [SEED [DETECT]]`: reads RdmaMetadata from stdin, prints
 //!   `{"started":true}` once its READ/WRITE is posted, waits, prints the
 //!   CRC-32 of its blocks, and exits at once (without dropping its
-//!   connector). DETECT (`true`, the default, or
-//!   `false`) is UCX's peer-failure detection.
+//!   connector). DETECT (`true`, the default, or `false`) is UCX's
+//!   peer-failure detection.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::io::Write;
