@@ -754,22 +754,26 @@ impl RegistrationBackend for NixlBackend {
         let local = xfer_list(request.local, Side::Local)?;
         let remote = xfer_list(request.remote, Side::Remote)?;
         let mut args = OptArgs::new().map_err(|e| nixl_error(context(), e))?;
-        let route = request.notify.then(|| self.route(request.peer));
-        if let Some(Route::Attached | Route::Proving(_)) = route {
+        // Which agent posts, whether NIXL carries the notification, and the
+        // notification the serving agent sends apart.
+        let (mut via, attached, notify) = match request.notify.then(|| self.route(request.peer)) {
+            None => (Via::Initiating, false, None),
+            Some(Route::Attached) => (Via::Initiating, true, None),
+            Some(Route::Proving(proves)) => (Via::Serving { proves }, true, None),
+            Some(Route::Apart) => (
+                Via::Initiating,
+                false,
+                Some(Notify {
+                    peer: request.peer.to_owned(),
+                    payload: request.notification.into(),
+                }),
+            ),
+        };
+        if attached {
             args.set_notification_message(request.notification)
                 .and_then(|()| args.set_has_notification(true))
                 .map_err(|e| nixl_error(context(), e))?;
         }
-        let mut via = match &route {
-            Some(Route::Proving(proven)) => Via::Serving {
-                proves: Arc::clone(proven),
-            },
-            _ => Via::Initiating,
-        };
-        let notify = matches!(route, Some(Route::Apart)).then(|| Notify {
-            peer: request.peer.to_owned(),
-            payload: request.notification.into(),
-        });
         let create =
             |agent: &Agent| agent.create_xfer_req(op, &local, &remote, request.peer, Some(&args));
         let mut created = create(self.live.posting(&via));
