@@ -40,46 +40,28 @@ mod tests;
 pub(crate) use held::Held;
 pub use state::OperationStatus;
 
-/// What the four public operation types share.
-pub(crate) struct OperationCore {
+/// What following an operation to its end takes: its shared state and, for a
+/// passive operation, the connector whose engine delivers its notification.
+/// Owned (two reference counts), so that a [`Completion`] borrows nothing.
+#[derive(Clone)]
+struct Progress {
     shared: Arc<OpShared>,
-    /// Leaked if dropped: handed back only through `into_descriptors`, or to
-    /// the shared state (which frees them once the backend let go) on drop.
-    descriptors: Held,
-    connector: Connector,
-    passive_key: Option<Arc<[u8]>>,
+    passive: Option<Connector>,
 }
 
-impl OperationCore {
-    pub(crate) fn new(
-        shared: Arc<OpShared>,
-        descriptors: Held,
-        connector: Connector,
-        passive_key: Option<Arc<[u8]>>,
-    ) -> OperationCore {
-        OperationCore {
-            shared,
-            descriptors,
-            connector,
-            passive_key,
-        }
-    }
-
+impl Progress {
     /// A passive operation's notification may be waiting in the engine
     /// (see `Handoff`): delivers it before the operation is looked at.
     fn catch_up(&self) {
-        if self.passive_key.is_some() {
-            self.connector.engine().catch_up();
+        if let Some(connector) = &self.passive {
+            connector.engine().catch_up();
         }
     }
 
     /// Counts a waiter for a passive operation, so that its notification is
     /// delivered as it arrives; then catches up with what arrived before.
     fn watch(&self) -> Option<Watch> {
-        let watch = self
-            .passive_key
-            .is_some()
-            .then(|| self.connector.engine().watch());
+        let watch = self.passive.as_ref().map(|c| c.engine().watch());
         self.catch_up();
         watch
     }
@@ -112,10 +94,43 @@ impl OperationCore {
         }
         polled
     }
+}
+
+/// What the four public operation types share.
+pub(crate) struct OperationCore {
+    progress: Progress,
+    /// Leaked if dropped: handed back only through `into_descriptors`, or to
+    /// the shared state (which frees them once the backend let go) on drop.
+    descriptors: Held,
+    connector: Connector,
+    passive_key: Option<Arc<[u8]>>,
+}
+
+impl OperationCore {
+    pub(crate) fn new(
+        shared: Arc<OpShared>,
+        descriptors: Held,
+        connector: Connector,
+        passive_key: Option<Arc<[u8]>>,
+    ) -> OperationCore {
+        OperationCore {
+            progress: Progress {
+                shared,
+                passive: passive_key.is_some().then(|| connector.clone()),
+            },
+            descriptors,
+            connector,
+            passive_key,
+        }
+    }
+
+    fn shared(&self) -> &OpShared {
+        &self.progress.shared
+    }
 
     fn into_descriptors(mut self) -> Result<Vec<Descriptor>, OperationCore> {
-        self.catch_up();
-        if self.shared.memory_released() {
+        self.progress.catch_up();
+        if self.shared().memory_released() {
             Ok(std::mem::take(&mut self.descriptors).release())
         } else {
             Err(self)
@@ -128,48 +143,52 @@ impl Drop for OperationCore {
         // A notification that arrived for a passive operation completes it
         // first, so that it is not cancelled. It completes only when the
         // engine, taking its notification, has already stopped tracking it.
-        self.catch_up();
+        self.progress.catch_up();
         if let Some(key) = &self.passive_key
-            && self.shared.status() != OperationStatus::Complete
+            && self.shared().status() != OperationStatus::Complete
         {
             self.connector.engine().untrack_passive(key);
         }
-        self.shared.abandon(std::mem::take(&mut self.descriptors));
+        self.progress
+            .shared
+            .abandon(std::mem::take(&mut self.descriptors));
     }
 }
 
 /// Resolves when an operation ends: `Ok(())` when complete, `Err` when it was
 /// cancelled or failed. Returned by `completion()`; several may wait on one
-/// operation at once.
+/// operation at once. It borrows nothing: it may outlive the operation (it
+/// then resolves when the dropped operation's end is decided), and does not
+/// keep the operation from handing its descriptors back.
 #[must_use = "futures do nothing unless polled"]
-pub struct Completion<'a> {
-    core: &'a OperationCore,
+pub struct Completion {
+    progress: Progress,
     /// This future's waker slot in the operation, once polled.
     slot: Option<u64>,
     /// Counts this future as a waiter of a passive operation while pending.
     watch: Option<Watch>,
 }
 
-impl Future for Completion<'_> {
+impl Future for Completion {
     type Output = Result<()>;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
         let this = self.get_mut();
-        this.core.poll(&mut this.slot, &mut this.watch, cx)
+        this.progress.poll(&mut this.slot, &mut this.watch, cx)
     }
 }
 
-impl Drop for Completion<'_> {
+impl Drop for Completion {
     fn drop(&mut self) {
         if let Some(slot) = self.slot {
-            self.core.shared.forget_waker(slot);
+            self.progress.shared.forget_waker(slot);
         }
     }
 }
 
-impl std::fmt::Debug for Completion<'_> {
+impl std::fmt::Debug for Completion {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Completion")
-            .field("status", &self.core.shared.status())
+            .field("status", &self.progress.shared.status())
             .finish()
     }
 }
@@ -190,12 +209,12 @@ impl Future for OperationFuture {
         let Some(core) = this.core.as_ref() else {
             return Poll::Ready(Err(Error::PolledAfterCompletion));
         };
-        match core.poll(&mut this.slot, &mut this.watch, cx) {
+        match core.progress.poll(&mut this.slot, &mut this.watch, cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(result) => {
                 // Settled: the operation took every waker out already.
                 this.slot = None;
-                let backend = core.shared.backend_name();
+                let backend = core.shared().backend_name();
                 let core = this.core.take();
                 match (result, core.map(OperationCore::into_descriptors)) {
                     (Ok(()), Some(Ok(descriptors))) => Poll::Ready(Ok(descriptors)),
@@ -214,7 +233,7 @@ impl Future for OperationFuture {
 impl Drop for OperationFuture {
     fn drop(&mut self) {
         if let (Some(core), Some(slot)) = (&self.core, self.slot) {
-            core.shared.forget_waker(slot);
+            core.shared().forget_waker(slot);
         }
     }
 }
@@ -222,7 +241,7 @@ impl Drop for OperationFuture {
 impl std::fmt::Debug for OperationFuture {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OperationFuture")
-            .field("status", &self.core.as_ref().map(|c| c.shared.status()))
+            .field("status", &self.core.as_ref().map(|c| c.shared().status()))
             .finish()
     }
 }
@@ -239,7 +258,7 @@ macro_rules! operation_common {
             /// revoking the exposure); it never waits for another thread's
             /// call into the backend.
             pub fn status(&self) -> OperationStatus {
-                self.core.status()
+                self.core.progress.status()
             }
 
             /// Blocks until the operation ends: `Ok` when complete, `Err` when
@@ -248,19 +267,19 @@ macro_rules! operation_common {
             /// memory, so [`into_descriptors`](Self::into_descriptors) succeeds
             /// unless the backend still holds it.
             pub fn wait(&self) -> Result<()> {
-                self.core.wait(None)
+                self.core.progress.wait(None)
             }
 
             /// Like [`wait`](Self::wait), giving up with [`Error::TimedOut`] after
             /// `timeout`; the operation itself goes on.
             pub fn wait_timeout(&self, timeout: Duration) -> Result<()> {
-                self.core.wait(Some(timeout))
+                self.core.progress.wait(Some(timeout))
             }
 
             /// A future that resolves when the operation ends, like [`wait`](Self::wait).
-            pub fn completion(&self) -> Completion<'_> {
+            pub fn completion(&self) -> Completion {
                 Completion {
-                    core: &self.core,
+                    progress: self.core.progress.clone(),
                     slot: None,
                     watch: None,
                 }
@@ -278,8 +297,8 @@ macro_rules! operation_common {
             /// still write, so the buffers are leaked. To get them back there,
             /// let the peer finish (wait for completion) instead of cancelling.
             pub fn cancel(&self) {
-                self.core.catch_up();
-                self.core.shared.finish(Outcome::Cancelled);
+                self.core.progress.catch_up();
+                self.core.shared().finish(Outcome::Cancelled);
             }
 
             /// Number of descriptors the operation holds.
@@ -327,7 +346,7 @@ macro_rules! operation_common {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 // The status as last decided: formatting delivers nothing.
                 f.debug_struct(stringify!($ty))
-                    .field("status", &self.core.shared.status())
+                    .field("status", &self.core.shared().status())
                     .field("descriptors", &self.core.descriptors.len())
                     .finish()
             }

@@ -91,7 +91,7 @@ fn a_draining_transfer_keeps_its_memory_until_the_backend_lets_go() {
     assert!(matches!(read.wait(), Err(Error::Cancelled)));
     // The backend said "still running": no memory comes back yet.
     assert!(matches!(
-        read.core.shared.pending(),
+        read.core.shared().pending(),
         Pending::Draining(_) | Pending::Releasing
     ));
     let read = read.into_descriptors().unwrap_err();
@@ -141,7 +141,7 @@ fn read_ended_at_post(state: TransferState, releases: &[Script]) -> EndedAtPost 
 fn a_transfer_done_at_post_hands_its_memory_back_at_once() {
     let (backend, _c, read, freed) = read_ended_at_post(TransferState::Done, &[]);
     assert_eq!(read.status(), OperationStatus::Complete);
-    assert_eq!(read.core.shared.pending(), Pending::Nothing);
+    assert_eq!(read.core.shared().pending(), Pending::Nothing);
     assert_eq!(backend.live_transfers.load(Ordering::SeqCst), 0);
     read.wait().unwrap();
     let back = read.into_descriptors().unwrap();
@@ -172,7 +172,7 @@ fn a_transfer_done_at_post_but_still_held_is_drained_before_its_memory_returns()
 fn a_transfer_done_at_post_that_the_backend_lost_is_leaked() {
     let (_backend, c, read, freed) = read_ended_at_post(TransferState::Done, &[Script::Lost]);
     assert_eq!(read.status(), OperationStatus::Complete);
-    assert_eq!(read.core.shared.pending(), Pending::Leaked);
+    assert_eq!(read.core.shared().pending(), Pending::Leaked);
     read.wait().unwrap();
     let read = read.into_descriptors().unwrap_err();
     drop(read);
@@ -210,7 +210,7 @@ fn an_operation_seen_complete_hands_its_memory_back_while_being_settled() {
     eventually("the read is decided", || {
         read.status() == OperationStatus::Complete
     });
-    assert_eq!(read.core.shared.pending(), Pending::Releasing);
+    assert_eq!(read.core.shared().pending(), Pending::Releasing);
     let handed = std::thread::spawn(move || read.into_descriptors().map(|d| d.len()));
     // Long enough for `into_descriptors` to be waiting (were it to refuse,
     // it would have returned by now; too short a pause only weakens the test).
@@ -391,9 +391,9 @@ fn every_future_waiting_on_one_operation_is_woken() {
                 .is_pending()
         );
     }
-    assert_eq!(readable.core.shared.waker_count(), 3);
+    assert_eq!(readable.core.shared().waker_count(), 3);
     drop(futures.pop()); // a dropped future takes its waker along
-    assert_eq!(readable.core.shared.waker_count(), 2);
+    assert_eq!(readable.core.shared().waker_count(), 2);
     readable.cancel();
     assert_eq!(wakers[0].0.load(Ordering::SeqCst), 1);
     assert_eq!(wakers[1].0.load(Ordering::SeqCst), 1);
