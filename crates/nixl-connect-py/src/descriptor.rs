@@ -10,6 +10,7 @@ use pyo3::prelude::*;
 use crate::connector::PyConnector;
 use crate::error::to_py;
 use crate::memory::{PyMemory, Source, source_of};
+use crate::operation::Loan;
 
 /// Where the Rust descriptor is.
 enum Slot {
@@ -23,7 +24,9 @@ enum Slot {
     /// ended without handing it back, e.g. it was dropped or failed to
     /// start), the memory may be described again; while alive it is held,
     /// and if it was leaked because a peer may still write, it stays held.
-    Lent { alive: Weak<()> },
+    /// `loan` is the operation that holds it (once made), asked to hand the
+    /// memory back before the descriptor is reported in use.
+    Lent { alive: Weak<()>, loan: Weak<Loan> },
 }
 
 /// Memory of a Python object, described for transfers (`nixl_connect.Descriptor`
@@ -51,12 +54,33 @@ impl PyDescriptor {
         Ok((descriptor, weak))
     }
 
+    /// Asks the operation holding the memory, if any, to hand it back (it
+    /// does once it ended and the backend let go). Called without the slot's
+    /// lock: the hand-back takes it.
+    fn settle_loan(&self) {
+        let loan = match &*self.lock() {
+            Slot::Lent { alive, loan } if alive.strong_count() > 0 => loan.upgrade(),
+            _ => None,
+        };
+        if let Some(loan) = loan {
+            loan.reclaim();
+        }
+    }
+
+    /// Records which operation holds the lent memory.
+    pub(crate) fn lent_to(&self, owner: Weak<Loan>) {
+        if let Slot::Lent { loan, .. } = &mut *self.lock() {
+            *loan = owner;
+        }
+    }
+
     /// Takes the Rust descriptor out for an operation.
     pub(crate) fn lend(&self, py: Python<'_>, index: usize) -> PyResult<Descriptor> {
+        self.settle_loan();
         let mut slot = self.lock();
         match &*slot {
             Slot::Idle { .. } => {}
-            Slot::Lent { alive } if alive.strong_count() == 0 => {
+            Slot::Lent { alive, .. } if alive.strong_count() == 0 => {
                 // The last operation dropped the buffer: describe it afresh.
                 let (descriptor, alive) = Self::build(py, &self.source)?;
                 *slot = Slot::Idle { descriptor, alive };
@@ -68,9 +92,16 @@ impl PyDescriptor {
                 )));
             }
         }
-        match std::mem::replace(&mut *slot, Slot::Lent { alive: Weak::new() }) {
+        let placeholder = Slot::Lent {
+            alive: Weak::new(),
+            loan: Weak::new(),
+        };
+        match std::mem::replace(&mut *slot, placeholder) {
             Slot::Idle { descriptor, alive } => {
-                *slot = Slot::Lent { alive };
+                *slot = Slot::Lent {
+                    alive,
+                    loan: Weak::new(),
+                };
                 Ok(descriptor)
             }
             lent @ Slot::Lent { .. } => {
@@ -86,7 +117,7 @@ impl PyDescriptor {
     pub(crate) fn give_back(&self, descriptor: Descriptor) {
         let mut slot = self.lock();
         let alive = match &*slot {
-            Slot::Lent { alive } | Slot::Idle { alive, .. } => alive.clone(),
+            Slot::Lent { alive, .. } | Slot::Idle { alive, .. } => alive.clone(),
         };
         *slot = Slot::Idle { descriptor, alive };
     }
@@ -148,16 +179,18 @@ impl PyDescriptor {
     /// holding it has registered it).
     #[getter]
     fn is_registered(&self) -> bool {
+        self.settle_loan();
         match &*self.lock() {
             Slot::Idle { descriptor, .. } => descriptor.is_registered(),
-            Slot::Lent { alive } => alive.strong_count() > 0,
+            Slot::Lent { alive, .. } => alive.strong_count() > 0,
         }
     }
 
     /// Whether an operation holds the memory now.
     #[getter]
     fn in_use(&self) -> bool {
-        matches!(&*self.lock(), Slot::Lent { alive } if alive.strong_count() > 0)
+        self.settle_loan();
+        matches!(&*self.lock(), Slot::Lent { alive, .. } if alive.strong_count() > 0)
     }
 
     /// Registers the memory with `connector` (nothing if already registered

@@ -25,17 +25,7 @@ use descriptor_core::Completion;
 use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
 
-use crate::operation::{AnyOp, PyOperation};
-
-self_cell::self_cell!(
-    /// An operation kept alive together with its completion future, which
-    /// borrows it.
-    struct Armed {
-        owner: Arc<AnyOp>,
-        #[covariant]
-        dependent: Completion,
-    }
-);
+use crate::operation::PyOperation;
 
 /// What wakers share with the notifier: the eventfd and the tokens of the
 /// operations that settled since the loop last looked.
@@ -103,11 +93,11 @@ pub(crate) struct Notifier {
     next: AtomicU64,
     /// Armed operations and the asyncio futures to resolve, by token. Only
     /// Python threads (with the GIL) touch it; no Python is called under it.
-    armed: Mutex<HashMap<u64, (Armed, Py<PyAny>)>>,
+    armed: Mutex<HashMap<u64, (Completion, Py<PyAny>)>>,
 }
 
 impl Notifier {
-    fn armed(&self) -> MutexGuard<'_, HashMap<u64, (Armed, Py<PyAny>)>> {
+    fn armed(&self) -> MutexGuard<'_, HashMap<u64, (Completion, Py<PyAny>)>> {
         self.armed.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -151,13 +141,15 @@ impl Notifier {
             token,
             ready: Arc::clone(&self.ready),
         }));
-        let mut armed = Armed::new(op, |op| op.completion());
-        let mut cx = Context::from_waker(&waker);
-        let polled = armed.with_dependent_mut(|_, completion| Pin::new(completion).poll(&mut cx));
+        // The completion borrows nothing of the operation: armed, it does not
+        // keep the operation from handing its memory back.
+        let mut completion = op.completion();
+        drop(op);
+        let polled = Pin::new(&mut completion).poll(&mut Context::from_waker(&waker));
         if polled.is_ready() {
             return None;
         }
-        let replaced = self.armed().insert(token, (armed, future));
+        let replaced = self.armed().insert(token, (completion, future));
         drop(replaced);
         Some(token)
     }
@@ -176,15 +168,13 @@ impl Notifier {
         if tokens.is_empty() {
             return Ok(());
         }
-        let fired: Vec<(Armed, Py<PyAny>)> = {
+        let fired: Vec<(Completion, Py<PyAny>)> = {
             let mut armed = self.armed();
             tokens.iter().filter_map(|t| armed.remove(t)).collect()
         };
         let mut first_error = None;
-        for (armed, future) in fired {
-            // The completion (and its share of the operation) goes first, so
-            // the resumed waiter can take the memory back.
-            drop(armed);
+        for (completion, future) in fired {
+            drop(completion);
             let future = future.bind(py);
             let resolved = future.call_method0("done").and_then(|done| {
                 if done.is_truthy()? {

@@ -57,7 +57,7 @@ impl AnyOp {
         matches!(self, AnyOp::Read(_) | AnyOp::Write(_))
     }
 
-    pub(crate) fn completion(&self) -> Completion<'_> {
+    pub(crate) fn completion(&self) -> Completion {
         each!(self, op => op.completion())
     }
 
@@ -90,76 +90,33 @@ enum Ended {
 /// Marks that the operation was handed back (its status is then kept here).
 const NO_STATUS: u8 = u8::MAX;
 
-/// A native operation (`nixl_connect`'s four operation classes wrap it).
-#[pyclass(frozen, module = "nixl_connect._native", name = "Operation")]
-pub(crate) struct PyOperation {
-    /// The core operation, shared with pending completions (`Notifier`);
+/// What an operation borrowed from its Python descriptors, and how it hands
+/// the memory back. The descriptors point here (weakly) while lent, so that a
+/// descriptor asked for again hands itself back as soon as the operation can,
+/// however its end was learned (a wait, `status`, a closed event loop's wait
+/// that never resumed, or no look at all after a cancelled transfer drained).
+pub(crate) struct Loan {
+    /// The core operation, shared with blocking waits while they wait;
     /// `None` once it ended and gave its descriptors back.
     op: Mutex<Option<Arc<AnyOp>>>,
     /// The final status once `op` is gone.
     final_status: AtomicU8,
     /// The Python descriptors, in order, that receive the memory back.
     descriptors: Vec<Py<PyDescriptor>>,
-    /// A passive operation's metadata, and its JSON once asked for (encoding
-    /// compresses the agent blob, so it is done only if needed).
-    metadata: Option<Arc<RdmaMetadata>>,
-    metadata_json: OnceLock<String>,
     error: Mutex<Option<String>>,
 }
 
-impl PyOperation {
-    pub(crate) fn new(op: AnyOp, descriptors: Vec<Py<PyDescriptor>>) -> PyOperation {
-        let metadata = op.metadata().map(|m| Arc::new(m.clone()));
-        PyOperation {
-            op: Mutex::new(Some(Arc::new(op))),
-            final_status: AtomicU8::new(NO_STATUS),
-            descriptors,
-            metadata,
-            metadata_json: OnceLock::new(),
-            error: Mutex::new(None),
-        }
-    }
-
+impl Loan {
     fn lock(&self) -> MutexGuard<'_, Option<Arc<AnyOp>>> {
         // Only ever `take`/`replace`d: a poisoned lock still holds a valid value.
         self.op.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The core operation, while it has not been handed back.
-    pub(crate) fn shared(&self) -> Option<Arc<AnyOp>> {
-        self.lock().clone()
-    }
-
-    /// How the operation ended, without blocking; `None` while it has not
-    /// settled (outcome decided and the backend asked to let go).
-    fn ended(&self) -> Option<Ended> {
-        let op = self.shared();
-        let Some(op) = op else {
-            let error = self
-                .error
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone();
-            return Some(match self.final_status.load(Ordering::Acquire) {
-                s if s == OperationStatus::Complete as u8 => Ended::Complete,
-                s if s == OperationStatus::Errored as u8 => {
-                    Ended::Failed(error.unwrap_or_default())
-                }
-                _ => Ended::Cancelled,
-            });
-        };
-        match op.wait_timeout(Duration::ZERO) {
-            Ok(()) => Some(Ended::Complete),
-            Err(Error::Cancelled) => Some(Ended::Cancelled),
-            Err(Error::TransferFailed { source }) => Some(Ended::Failed(with_sources(&*source))),
-            Err(_) => None,
-        }
-    }
-
     /// Hands the memory back to the Python descriptors once the operation
-    /// ended and the backend let go of it. Does nothing while a pending
-    /// completion still shares the operation (its waiter reclaims later).
-    fn reclaim(&self) {
+    /// ended and the backend let go of it. Does nothing while the backend
+    /// still holds it, or while a blocking wait of another thread shares the
+    /// operation (that wait, or the next look at a descriptor, reclaims).
+    pub(crate) fn reclaim(&self) {
         let mut slot = self.lock();
         let Some(op) = slot.take() else {
             return;
@@ -194,6 +151,72 @@ impl PyOperation {
             Err(op) => *slot = Some(Arc::new(op)),
         }
     }
+}
+
+/// A native operation (`nixl_connect`'s four operation classes wrap it).
+#[pyclass(frozen, module = "nixl_connect._native", name = "Operation")]
+pub(crate) struct PyOperation {
+    loan: Arc<Loan>,
+    /// A passive operation's metadata, and its JSON once asked for (encoding
+    /// compresses the agent blob, so it is done only if needed).
+    metadata: Option<Arc<RdmaMetadata>>,
+    metadata_json: OnceLock<String>,
+}
+
+impl PyOperation {
+    pub(crate) fn new(op: AnyOp, descriptors: Vec<Py<PyDescriptor>>) -> PyOperation {
+        let metadata = op.metadata().map(|m| Arc::new(m.clone()));
+        let loan = Arc::new(Loan {
+            op: Mutex::new(Some(Arc::new(op))),
+            final_status: AtomicU8::new(NO_STATUS),
+            descriptors,
+            error: Mutex::new(None),
+        });
+        for descriptor in &loan.descriptors {
+            descriptor.get().lent_to(Arc::downgrade(&loan));
+        }
+        PyOperation {
+            loan,
+            metadata,
+            metadata_json: OnceLock::new(),
+        }
+    }
+
+    /// The core operation, while it has not been handed back.
+    pub(crate) fn shared(&self) -> Option<Arc<AnyOp>> {
+        self.loan.lock().clone()
+    }
+
+    fn reclaim(&self) {
+        self.loan.reclaim();
+    }
+
+    /// How the operation ended, without blocking; `None` while it has not
+    /// settled (outcome decided and the backend asked to let go).
+    fn ended(&self) -> Option<Ended> {
+        let op = self.shared();
+        let Some(op) = op else {
+            let error = self
+                .loan
+                .error
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
+            return Some(match self.loan.final_status.load(Ordering::Acquire) {
+                s if s == OperationStatus::Complete as u8 => Ended::Complete,
+                s if s == OperationStatus::Errored as u8 => {
+                    Ended::Failed(error.unwrap_or_default())
+                }
+                _ => Ended::Cancelled,
+            });
+        };
+        match op.wait_timeout(Duration::ZERO) {
+            Ok(()) => Some(Ended::Complete),
+            Err(Error::Cancelled) => Some(Ended::Cancelled),
+            Err(Error::TransferFailed { source }) => Some(Ended::Failed(with_sources(&*source))),
+            Err(_) => None,
+        }
+    }
 
     fn outcome(&self, ended: Ended) -> PyResult<u8> {
         self.reclaim();
@@ -223,12 +246,19 @@ impl Drop for PyOperation {
 
 #[pymethods]
 impl PyOperation {
-    /// The status, as `OperationStatus`'s integer; never blocks.
+    /// The status, as `OperationStatus`'s integer; never blocks. A terminal
+    /// status hands the memory back if the backend let go of it (callers that
+    /// poll `status`, as Dynamo's do, reuse their descriptors at once).
     fn status(&self) -> u8 {
-        match self.shared() {
-            Some(op) => op.status() as u8,
-            None => self.final_status.load(Ordering::Acquire),
+        let Some(op) = self.shared() else {
+            return self.loan.final_status.load(Ordering::Acquire);
+        };
+        let status = op.status();
+        drop(op);
+        if status.is_terminal() {
+            self.reclaim();
         }
+        status as u8
     }
 
     /// Cancels the operation unless it already ended.
@@ -324,7 +354,7 @@ impl PyOperation {
     /// Whether the operation has handed its memory back.
     #[getter]
     fn reclaimed(&self) -> bool {
-        self.lock().is_none()
+        self.loan.lock().is_none()
     }
 
     /// A passive operation's metadata, as Dynamo's JSON.
@@ -340,19 +370,21 @@ impl PyOperation {
 
     /// Number of descriptors.
     fn __len__(&self) -> usize {
-        self.descriptors.len()
+        self.loan.descriptors.len()
     }
 }
 
 /// A number of seconds from Python, refused (`ValueError`, naming `what`)
-/// unless finite and not negative.
+/// if NaN or negative; one too large for a `Duration` (about 585 billion
+/// years, or infinity) is the longest `Duration`, which a deadline treats as
+/// none.
 fn seconds(value: f64, what: &str) -> PyResult<Duration> {
-    if !(value >= 0.0 && value.is_finite()) {
+    if !(value >= 0.0) {
         return Err(pyo3::exceptions::PyValueError::new_err(format!(
             "{what} must be a non-negative number of seconds"
         )));
     }
-    Ok(Duration::from_secs_f64(value))
+    Ok(Duration::try_from_secs_f64(value).unwrap_or(Duration::MAX))
 }
 
 /// `error` and the errors it came from, as one line.
