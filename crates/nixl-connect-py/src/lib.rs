@@ -20,6 +20,7 @@
 mod connector;
 mod descriptor;
 mod error;
+mod export;
 mod memory;
 mod metadata;
 mod notifier;

@@ -5,18 +5,27 @@
 //! Accepted sources, in the order they are tried:
 //! - `torch.Tensor` (when torch is imported): `data_ptr()`, contiguous copy if
 //!   needed (as Dynamo does; the copy is then readable only);
-//! - `bytes` (read-only), `bytearray` (writable; a buffer export is held, so
-//!   the bytearray cannot be resized while described);
-//! - `(array, Device|str)`: NumPy (`__array_interface__`) or CuPy
-//!   (`__cuda_array_interface__`) arrays, the device checked against the array;
+//! - `(array, Device|str)`: NumPy arrays (through their buffer export, or
+//!   `__array_interface__` for objects with no native buffer) or CuPy arrays
+//!   (`__cuda_array_interface__`), the device checked against the array;
 //! - `(ptr, size[, Device|str[, ref]])`: raw parts, `ref` kept alive;
+//! - `bytes` (read-only), `bytearray` (writable) and, beyond Dynamo, any
+//!   object with a native buffer export (`memoryview`, `array.array`, `mmap`,
+//!   NumPy arrays): the export is held by a [`Pin`](crate::export::Pin) that
+//!   Python cannot release, so the object cannot be resized or closed while
+//!   described;
 //! - beyond Dynamo: any object exposing `__cuda_array_interface__`,
 //!   `__dlpack__` or `__array_interface__`.
+//!
+//! What pins what (the package README repeats it for users) is each
+//! constructor's `keep_alive`.
 
 use std::ffi::c_void;
 use std::sync::Arc;
 
 use descriptor_core::{Device, DeviceKind, MemoryBuffer};
+
+use crate::export::{Exported, Pin, export};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyCapsule, PyDict, PyString, PyTuple};
@@ -31,6 +40,7 @@ pub(crate) enum Origin {
     TensorCopy,
     Bytes,
     ByteArray,
+    Buffer,
     Array,
     CudaArray,
     DLPack,
@@ -44,6 +54,7 @@ impl Origin {
             Origin::TensorCopy => "torch.Tensor (contiguous copy)",
             Origin::Bytes => "bytes",
             Origin::ByteArray => "bytearray",
+            Origin::Buffer => "buffer",
             Origin::Array => "array",
             Origin::CudaArray => "CUDA array",
             Origin::DLPack => "DLPack",
@@ -61,8 +72,8 @@ pub(crate) struct Source {
     /// Why the region is read-only, when it is.
     pub(crate) read_only_reason: Option<&'static str>,
     pub(crate) origin: Origin,
-    /// What keeps the memory valid: the object itself, a buffer export of it,
-    /// a DLPack capsule, or the caller's `ref`.
+    /// What keeps the memory valid: the object itself, a [`Pin`] (a buffer
+    /// export of it, or it and its DLPack capsule), or the caller's `ref`.
     pub(crate) keep_alive: Py<PyAny>,
 }
 
@@ -117,9 +128,10 @@ unsafe impl Sync for PyMemory {}
 // never forms a reference to it while an operation holds the descriptor, and
 // Python code that reads or writes it during a transfer sees torn data, not
 // freed memory. Freeing or resizing it behind the descriptor's back is
-// prevented where Python allows (a `bytearray` export is held; a NumPy array
-// referenced elsewhere refuses `resize`) and is otherwise the caller's promise,
-// exactly as for Dynamo's raw `(ptr, size, device, ref)` form.
+// prevented where the object allows (a native buffer export is held by a
+// `Pin` that Python cannot release) and is otherwise the caller's promise,
+// exactly as for Dynamo's raw `(ptr, size, device, ref)` form (the package
+// README lists what pins what).
 unsafe impl MemoryBuffer for PyMemory {
     fn base_ptr(&mut self) -> *mut u8 {
         self.ptr
@@ -170,14 +182,11 @@ pub(crate) fn source_of(data: &Bound<'_, PyAny>) -> PyResult<Source> {
     {
         return from_tensor(data);
     }
-    if let Ok(bytes) = data.cast::<PyBytes>() {
-        return from_bytes(bytes);
-    }
-    if let Ok(array) = data.cast::<PyByteArray>() {
-        return from_bytearray(array);
-    }
     if let Ok(tuple) = data.cast::<PyTuple>() {
         return from_tuple(tuple);
+    }
+    if let Some(exported) = export(data)? {
+        return Ok(from_export(data, exported));
     }
     if data.hasattr("__cuda_array_interface__")? {
         return from_cuda_array(data, None);
@@ -243,37 +252,28 @@ fn from_tensor(tensor: &Bound<'_, PyAny>) -> PyResult<Source> {
     })
 }
 
-fn from_bytes(bytes: &Bound<'_, PyBytes>) -> PyResult<Source> {
-    let data = bytes.as_bytes();
-    Ok(Source {
-        ptr: data.as_ptr().expose_provenance(),
-        size: data.len(),
+/// A native buffer export (`bytes`, `bytearray` and any other exporter).
+fn from_export(data: &Bound<'_, PyAny>, exported: Exported) -> Source {
+    let origin = if data.is_instance_of::<PyBytes>() {
+        Origin::Bytes
+    } else if data.is_instance_of::<PyByteArray>() {
+        Origin::ByteArray
+    } else {
+        Origin::Buffer
+    };
+    let reason = match origin {
+        Origin::Bytes => "`bytes` are immutable",
+        _ => "the object exports its buffer read-only",
+    };
+    Source {
+        ptr: exported.ptr,
+        size: exported.len,
         device: Device::HOST,
-        writable: false,
-        read_only_reason: Some("`bytes` are immutable"),
-        origin: Origin::Bytes,
-        keep_alive: bytes.clone().into_any().unbind(),
-    })
-}
-
-fn from_bytearray(array: &Bound<'_, PyByteArray>) -> PyResult<Source> {
-    let py = array.py();
-    // A memoryview holds a buffer export: while it lives, the bytearray refuses
-    // to be resized (BufferError), so its storage cannot move or be freed.
-    let view = py
-        .import("builtins")?
-        .getattr("memoryview")?
-        .call1((array,))?;
-    let ptr = array.data().expose_provenance();
-    Ok(Source {
-        ptr,
-        size: array.len(),
-        device: Device::HOST,
-        writable: true,
-        read_only_reason: None,
-        origin: Origin::ByteArray,
-        keep_alive: view.unbind(),
-    })
+        writable: !exported.readonly,
+        read_only_reason: exported.readonly.then_some(reason),
+        origin,
+        keep_alive: exported.pin,
+    }
 }
 
 fn from_tuple(tuple: &Bound<'_, PyTuple>) -> PyResult<Source> {
@@ -285,6 +285,17 @@ fn from_tuple(tuple: &Bound<'_, PyTuple>) -> PyResult<Source> {
             let device = parse_device(&second)?;
             if first.hasattr("__cuda_array_interface__")? {
                 return from_cuda_array(&first, Some(device));
+            }
+            if let Some(exported) = export(&first)? {
+                if !device.is_host() {
+                    return Err(value_error(format!(
+                        "the array lives in host memory, not on {device}"
+                    )));
+                }
+                return Ok(Source {
+                    origin: Origin::Array,
+                    ..from_export(&first, exported)
+                });
             }
             if first.hasattr("__array_interface__")? {
                 let source = from_host_array(&first)?;
@@ -366,9 +377,7 @@ fn interface_region(interface: &Bound<'_, PyAny>) -> PyResult<(usize, bool, usiz
     let (ptr, readonly): (usize, bool) = item("data")?.extract()?;
     let shape: Vec<usize> = item("shape")?.extract()?;
     let typestr: String = item("typestr")?.extract()?;
-    let itemsize: usize = typestr
-        .get(2..)
-        .and_then(|n| n.parse().ok())
+    let itemsize = itemsize(&typestr)
         .ok_or_else(|| value_error(format!("unknown array typestr {typestr:?}")))?;
     let strides: Option<Vec<isize>> = match interface.get_item("strides")? {
         Some(s) if !s.is_none() => Some(s.extract()?),
@@ -387,6 +396,18 @@ fn interface_region(interface: &Bound<'_, PyAny>) -> PyResult<(usize, bool, usiz
         }
     }
     Ok((ptr, readonly, size))
+}
+
+/// Bytes per element of an array-interface `typestr` (`<f4`, `|u1`, `<U4`):
+/// its number counts bytes, except for `U` (UCS-4 characters, 4 bytes each).
+fn itemsize(typestr: &str) -> Option<usize> {
+    let kind = typestr.get(1..2)?;
+    let count: usize = typestr.get(2..)?.parse().ok()?;
+    if kind == "U" {
+        count.checked_mul(4)
+    } else {
+        Some(count)
+    }
 }
 
 /// Whether byte `strides` over `shape` describe one dense block (C or Fortran order).
@@ -426,22 +447,28 @@ fn from_host_array(array: &Bound<'_, PyAny>) -> PyResult<Source> {
 
 fn from_cuda_array(array: &Bound<'_, PyAny>, device: Option<Device>) -> PyResult<Source> {
     let (ptr, readonly, size) = interface_region(&array.getattr("__cuda_array_interface__")?)?;
-    let device = match device {
-        Some(d) if d.kind() == DeviceKind::Cuda => d,
-        Some(d) => {
+    // CuPy arrays name their device; other producers need the tuple form.
+    let named = match array.getattr("device").and_then(|d| d.getattr("id")) {
+        Ok(id) => Some(Device::cuda(id.extract()?)),
+        Err(_) => None,
+    };
+    let device = match (device, named) {
+        (Some(d), _) if d.kind() != DeviceKind::Cuda => {
             return Err(value_error(format!(
                 "the array lives in CUDA memory, not on {d}"
             )));
         }
-        // CuPy arrays name their device; other producers need the tuple form.
-        None => match array.getattr("device").and_then(|d| d.getattr("id")) {
-            Ok(id) => Device::cuda(id.extract()?),
-            Err(_) => {
-                return Err(value_error(
-                    "cannot tell which GPU this CUDA array is on: pass `(array, \"cuda:N\")`",
-                ));
-            }
-        },
+        (Some(d), Some(named)) if d != named => {
+            return Err(value_error(format!(
+                "the array lives on {named}, not on {d}"
+            )));
+        }
+        (Some(d), _) | (None, Some(d)) => d,
+        (None, None) => {
+            return Err(value_error(
+                "cannot tell which GPU this CUDA array is on: pass `(array, \"cuda:N\")`",
+            ));
+        }
     };
     Ok(Source {
         ptr,
@@ -599,10 +626,12 @@ fn from_dlpack(obj: &Bound<'_, PyAny>) -> PyResult<Source> {
     };
     // The capsule is kept, not consumed: while it lives the producer keeps the
     // memory; when it is freed (with the GIL), the producer's destructor calls
-    // the DLPack deleter, as for any capsule nobody consumed.
-    let keep_alive = PyTuple::new(py, [obj.clone(), capsule.clone().into_any()])?
-        .into_any()
-        .unbind();
+    // the DLPack deleter, as for any capsule nobody consumed. A `Pin` holds
+    // it, so no Python code can reach it (and hand it to a consumer).
+    let keep_alive = Pin::objects(
+        py,
+        vec![obj.clone().unbind(), capsule.clone().into_any().unbind()],
+    )?;
     Ok(Source {
         ptr,
         size,
