@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import operator
 import os
 import socket
 import sys
@@ -297,8 +298,10 @@ class RdmaMetadata(BaseModel):
 
 # The validated native form of each RdmaMetadata object, by identity, for as
 # long as the object lives: metadata made in this process (or parsed once) is
-# not encoded and parsed again for every operation. The models are frozen.
-_native_metadata: dict[int, tuple[weakref.ref, Any]] = {}
+# not encoded and parsed again for every operation. The models are frozen, but
+# their `descriptors` list can be edited in place: the entry keeps the items it
+# was made from and is used only while the list still holds exactly those.
+_native_metadata: dict[int, tuple[weakref.ref, tuple, Any]] = {}
 
 
 def _remember_native(metadata: RdmaMetadata, native: Any) -> None:
@@ -309,13 +312,16 @@ def _remember_native(metadata: RdmaMetadata, native: Any) -> None:
         if entry is not None and entry[0] is ref:
             del _native_metadata[key]
 
-    _native_metadata[key] = (weakref.ref(metadata, forget), native)
+    items = tuple(metadata.descriptors)
+    _native_metadata[key] = (weakref.ref(metadata, forget), items, native)
 
 
 def _native_of(metadata: Any) -> Any:
     entry = _native_metadata.get(id(metadata))
     if entry is not None and entry[0]() is metadata:
-        return entry[1]
+        items, current = entry[1], metadata.descriptors
+        if len(items) == len(current) and all(map(operator.is_, items, current)):
+            return entry[2]
     native = _native.Metadata.from_json(metadata.model_dump_json())
     if isinstance(metadata, RdmaMetadata):
         _remember_native(metadata, native)
