@@ -554,7 +554,7 @@ fn test(ws: &Workspace, long: bool) -> Result<(), u8> {
     // The Python package `nixl_connect`: a virtualenv under target/ (made
     // once), the package installed with pip as a user installs it, then its
     // pytest suite (both backends, interop with the real Dynamo module).
-    steps.time("python: pip install, pytest", python::test);
+    steps.time("python: wheel, pytest (3.11 with NIXL, 3.12)", python::test);
 
     println!("\n== cargo xtask test: summary ==");
     let steps = steps.done;

@@ -155,17 +155,41 @@ pub(crate) fn ensure_venv(root: &Path) -> Result<Venv, String> {
 /// Builds and installs `nixl_connect` into the virtualenv as a user would
 /// (`pip install ./crates/nixl-connect-py`, maturin as the build backend;
 /// already in the virtualenv, so no download).
-pub(crate) fn install_package(root: &Path, venv: &Venv) -> bool {
-    let mut cmd = crate::pip(&venv.python, "install");
-    cmd.args(["--no-build-isolation", "--no-deps", "--force-reinstall"])
+/// Builds the package's wheel (abi3: one for every CPython >= 3.10) with the
+/// virtualenv's maturin, as pip builds it for a user, into
+/// `target/py/wheels`; returns its path.
+fn build_wheel(root: &Path, venv: &Venv) -> Option<PathBuf> {
+    let out = root.join(BUILD_DIR).join("wheels");
+    let _ = std::fs::remove_dir_all(&out);
+    let mut cmd = crate::pip(&venv.python, "wheel");
+    cmd.args(["--no-build-isolation", "--no-deps", "-w"])
+        .arg(&out)
         .arg(root.join(PACKAGE_DIR))
         .env("CARGO_TARGET_DIR", root.join(BUILD_DIR))
-        // maturin's PEP 517 hooks run the `maturin` executable from PATH.
         .env("PATH", path_with(&venv.root.join("bin")));
+    if !crate::run(root, cmd) {
+        return None;
+    }
+    match wheel::find(&out, "nixl_connect-") {
+        Ok(wheel) => Some(wheel),
+        Err(e) => {
+            eprintln!("xtask (python): {e}");
+            None
+        }
+    }
+}
+
+fn install_wheel(root: &Path, python: &Path, wheel: &Path) -> bool {
+    let mut cmd = crate::pip(python, "install");
+    cmd.args(["--no-deps", "--force-reinstall"]).arg(wheel);
     crate::run(root, cmd)
 }
 
-/// `PATH` with `dir` first.
+/// Builds the package and installs it into the test virtualenv.
+pub(crate) fn install_package(root: &Path, venv: &Venv) -> bool {
+    build_wheel(root, venv).is_some_and(|wheel| install_wheel(root, &venv.python, &wheel))
+}
+
 fn path_with(dir: &Path) -> std::ffi::OsString {
     let mut dirs = vec![dir.to_path_buf()];
     if let Some(path) = std::env::var_os("PATH") {
@@ -204,17 +228,83 @@ pub(crate) fn pytest(root: &Path, venv: &Venv) -> bool {
 
 /// The `cargo xtask test` step: virtualenv, `pip install`, pytest.
 pub(crate) fn test(root: &Path) -> bool {
-    match ensure_venv(root) {
-        Ok(venv) => install_package(root, &venv) && pytest(root, &venv),
+    let venv = match ensure_venv(root) {
+        Ok(venv) => venv,
         Err(e) => {
             eprintln!("xtask test (python): {e}");
-            false
+            return false;
         }
-    }
+    };
+    let Some(wheel) = build_wheel(root, &venv) else {
+        return false;
+    };
+    let main = install_wheel(root, &venv.python, &wheel) && pytest(root, &venv);
+    main & test_on_312(root, &venv, &wheel)
 }
 
-/// Whether the Python environment exists (the full bench then runs the
-/// Python rows too).
+/// The suite again on CPython 3.12, where a class can define `__buffer__`
+/// (PEP 688): the same abi3 wheel in a virtualenv of its own, with no NIXL
+/// runtime (NIXL tests skip; loopback and the checks of native pins run).
+/// The interpreter comes from pyenv's folder, as this image has it; without
+/// one the step says so and skips.
+fn test_on_312(root: &Path, main: &Venv, wheel: &Path) -> bool {
+    let Some(python) = pyenv_python("3.12") else {
+        eprintln!(
+            "xtask test (python): skipped the CPython 3.12 run: no ~/.pyenv/versions/3.12.*/bin/python3"
+        );
+        return true;
+    };
+    let venv = root.join("target/py312-venv");
+    let venv_python = venv.join("bin/python");
+    let stamp = venv.join(".complete");
+    let wanted = format!("{}\n{}\n", python.display(), stamp_text());
+    if !std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
+        let _ = std::fs::remove_dir_all(&venv);
+        let made = run_quiet(Command::new(&python).args(["-m", "venv"]).arg(&venv))
+            .and_then(|()| {
+                run_quiet(
+                    crate::pip(&venv_python, "install")
+                        .args(&REQUIREMENTS[1..])
+                        .arg(NUMPY),
+                )
+            })
+            .and_then(|()| {
+                std::fs::write(&stamp, &wanted)
+                    .map_err(|e| format!("write {}: {e}", stamp.display()))
+            });
+        if let Err(e) = made {
+            eprintln!("xtask test (python 3.12): {e}");
+            return false;
+        }
+    }
+    if !install_wheel(root, &venv_python, wheel) {
+        return false;
+    }
+    let mut cmd = Command::new(&venv_python);
+    cmd.args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+        .arg(root.join(PACKAGE_DIR).join("tests"))
+        .envs(test_env(main))
+        .env_remove("NIXL_TESTS_REQUIRED")
+        .env_remove("VIRTUAL_ENV")
+        .env_remove("NIXL_RUNTIME_DIR")
+        .env_remove("NIXL_CAPI_LIB");
+    crate::run(root, cmd)
+}
+
+/// The newest `~/.pyenv/versions/<minor>.N/bin/python3`.
+fn pyenv_python(minor: &str) -> Option<PathBuf> {
+    let versions = PathBuf::from(std::env::var_os("HOME")?).join(".pyenv/versions");
+    let patch =
+        |name: &str| -> Option<u32> { name.strip_prefix(minor)?.strip_prefix('.')?.parse().ok() };
+    let newest = std::fs::read_dir(&versions)
+        .ok()?
+        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+        .filter_map(|name| Some((patch(&name)?, name)))
+        .max()?;
+    let python = versions.join(newest.1).join("bin/python3");
+    python.is_file().then_some(python)
+}
+
 pub(crate) fn venv_exists(root: &Path) -> bool {
     paths(root).root.join(".complete").is_file()
 }
