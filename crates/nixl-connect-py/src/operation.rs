@@ -116,39 +116,47 @@ impl Loan {
     /// ended and the backend let go of it. Does nothing while the backend
     /// still holds it, or while a blocking wait of another thread shares the
     /// operation (that wait, or the next look at a descriptor, reclaims).
+    /// The lock is held only to take the operation out or put it back: the
+    /// calls into the core (which may call the backend) run outside it.
     pub(crate) fn reclaim(&self) {
-        let mut slot = self.lock();
-        let Some(op) = slot.take() else {
+        let Some(op) = self.lock().clone() else {
             return;
         };
         let status = op.status();
         if !status.is_terminal() {
-            *slot = Some(op);
             return;
         }
-        let op = match Arc::try_unwrap(op) {
-            Ok(op) => op,
-            Err(shared) => {
-                *slot = Some(shared);
-                return;
-            }
-        };
         if let Err(Error::TransferFailed { source }) = op.wait_timeout(Duration::ZERO) {
             *self.error.lock().unwrap_or_else(PoisonError::into_inner) =
                 Some(with_sources(&*source));
         }
+        drop(op);
+        let op = {
+            let mut slot = self.lock();
+            let Some(op) = slot.take() else {
+                return;
+            };
+            match Arc::try_unwrap(op) {
+                // Terminal for good: readers see this status while it is out.
+                Ok(op) => {
+                    self.final_status.store(status as u8, Ordering::Release);
+                    op
+                }
+                Err(shared) => {
+                    *slot = Some(shared);
+                    return;
+                }
+            }
+        };
         match op.into_descriptors() {
             Ok(descriptors) => {
-                self.final_status.store(status as u8, Ordering::Release);
-                *slot = None;
-                drop(slot);
                 for (python, descriptor) in self.descriptors.iter().zip(descriptors) {
                     python.get().give_back(descriptor);
                 }
             }
             // The backend still holds the memory (a draining transfer, or a
             // cancelled NIXL passive operation, which never gives it back).
-            Err(op) => *slot = Some(Arc::new(op)),
+            Err(op) => *self.lock() = Some(Arc::new(op)),
         }
     }
 }
@@ -351,7 +359,7 @@ impl PyOperation {
         self.reclaim();
     }
 
-    /// Whether the operation has handed its memory back.
+    /// Whether the operation has handed its memory back (or is doing so).
     #[getter]
     fn reclaimed(&self) -> bool {
         self.loan.lock().is_none()
