@@ -1,6 +1,7 @@
 //! The native `Connector`: a core [`Connector`] over NIXL or the process-wide
 //! loopback fabric, and the four ways to start an operation.
 
+use std::mem::ManuallyDrop;
 use std::path::PathBuf;
 
 use std::time::Duration;
@@ -14,6 +15,7 @@ use pyo3::prelude::*;
 
 use crate::descriptor::PyDescriptor;
 use crate::error::to_py;
+use crate::fork;
 use crate::metadata::PyMetadata;
 use crate::operation::{AnyOp, PyOperation};
 
@@ -23,11 +25,21 @@ pub(crate) const BACKENDS: &[&str] = &["nixl", "loopback"];
 /// A connector (`nixl_connect.Connector` creates one on first use).
 #[pyclass(frozen, module = "nixl_connect._native", name = "Connector")]
 pub(crate) struct PyConnector {
-    inner: Connector,
+    /// Dropped unless this is a forked child (see `fork`), where it leaks.
+    inner: ManuallyDrop<Connector>,
     /// Fault injection for tests (loopback connectors run under [`Faulty`]).
     faults: Option<Faults>,
     /// NIXL's UCX error handling mode, as the agent reported it (NIXL only).
     ucx_error_handling_mode: Option<String>,
+}
+
+impl Drop for PyConnector {
+    fn drop(&mut self) {
+        if !fork::forked() {
+            // SAFETY: dropped once, here, and never used after.
+            unsafe { ManuallyDrop::drop(&mut self.inner) }
+        }
+    }
 }
 
 impl PyConnector {
@@ -105,6 +117,8 @@ impl PyConnector {
         site_packages: Vec<PathBuf>,
         peer_failure_detection: bool,
     ) -> PyResult<PyConnector> {
+        fork::check()?;
+        fork::watch();
         let mut faults = None;
         let mut ucx_error_handling_mode = None;
         let inner = match backend {
@@ -139,7 +153,7 @@ impl PyConnector {
             }
         };
         Ok(PyConnector {
-            inner,
+            inner: ManuallyDrop::new(inner),
             faults,
             ucx_error_handling_mode,
         })

@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 
 use crate::connector::PyConnector;
 use crate::error::to_py;
+use crate::fork;
 use crate::memory::{PyMemory, Source, source_of};
 use crate::operation::Loan;
 
@@ -76,6 +77,7 @@ impl PyDescriptor {
 
     /// Takes the Rust descriptor out for an operation.
     pub(crate) fn lend(&self, py: Python<'_>, index: usize) -> PyResult<Descriptor> {
+        fork::check()?;
         self.settle_loan();
         let mut slot = self.lock();
         match &*slot {
@@ -124,6 +126,25 @@ impl PyDescriptor {
 
     pub(crate) fn source(&self) -> &Source {
         &self.source
+    }
+}
+
+impl Drop for PyDescriptor {
+    fn drop(&mut self) {
+        // A forked child leaks what it inherited (deregistering would call
+        // into a backend whose threads are gone: see `fork`).
+        if fork::forked() {
+            let slot = self.slot.get_mut().unwrap_or_else(PoisonError::into_inner);
+            if let Slot::Idle { descriptor, .. } = std::mem::replace(
+                slot,
+                Slot::Lent {
+                    alive: Weak::new(),
+                    loan: Weak::new(),
+                },
+            ) {
+                std::mem::forget(descriptor);
+            }
+        }
     }
 }
 

@@ -21,6 +21,7 @@ mod connector;
 mod descriptor;
 mod error;
 mod export;
+mod fork;
 mod memory;
 mod metadata;
 mod notifier;

@@ -134,8 +134,11 @@ impl Notifier {
     /// Arms `operation`: `future.set_result(None)` runs in the loop once it
     /// settles. Returns the token (for `disarm`), or `None` if it already
     /// settled (or was handed back), in which case nothing is armed.
-    fn arm(&self, operation: &PyOperation, future: Py<PyAny>) -> Option<u64> {
-        let op = operation.shared()?;
+    fn arm(&self, operation: &PyOperation, future: Py<PyAny>) -> PyResult<Option<u64>> {
+        crate::fork::check()?;
+        let Some(op) = operation.shared() else {
+            return Ok(None);
+        };
         let token = self.next.fetch_add(1, Ordering::Relaxed);
         let waker = Waker::from(Arc::new(TokenWaker {
             token,
@@ -147,11 +150,11 @@ impl Notifier {
         drop(op);
         let polled = Pin::new(&mut completion).poll(&mut Context::from_waker(&waker));
         if polled.is_ready() {
-            return None;
+            return Ok(None);
         }
         let replaced = self.armed().insert(token, (completion, future));
         drop(replaced);
-        Some(token)
+        Ok(Some(token))
     }
 
     /// Forgets an armed operation (its waiter stopped waiting).

@@ -14,6 +14,7 @@ use pyo3::prelude::*;
 
 use crate::descriptor::PyDescriptor;
 use crate::error::to_py;
+use crate::fork;
 use crate::metadata::PyMetadata;
 
 /// Longest stretch a blocking `wait` spends without the GIL before it checks
@@ -245,6 +246,11 @@ impl Drop for PyOperation {
         // the backend already let go of it; otherwise the core frees it once
         // the backend does (or leaks it if a peer may still write), and the
         // Python descriptor describes the memory afresh on its next use.
+        // A forked child leaks it instead (see `fork`).
+        if fork::forked() {
+            std::mem::forget(self.loan.lock().take());
+            return;
+        }
         if let Some(op) = self.shared() {
             op.cancel();
         }
@@ -257,35 +263,40 @@ impl PyOperation {
     /// The status, as `OperationStatus`'s integer; never blocks. A terminal
     /// status hands the memory back if the backend let go of it (callers that
     /// poll `status`, as Dynamo's do, reuse their descriptors at once).
-    fn status(&self) -> u8 {
+    fn status(&self) -> PyResult<u8> {
+        fork::check()?;
         let Some(op) = self.shared() else {
-            return self.loan.final_status.load(Ordering::Acquire);
+            return Ok(self.loan.final_status.load(Ordering::Acquire));
         };
         let status = op.status();
         drop(op);
         if status.is_terminal() {
             self.reclaim();
         }
-        status as u8
+        Ok(status as u8)
     }
 
     /// Cancels the operation unless it already ended.
-    fn cancel(&self, py: Python<'_>) {
+    fn cancel(&self, py: Python<'_>) -> PyResult<()> {
+        fork::check()?;
         if let Some(op) = self.shared() {
             py.detach(|| op.cancel());
         }
         self.reclaim();
+        Ok(())
     }
 
     /// Whether the operation settled (a wait would return at once).
-    fn settled(&self) -> bool {
-        self.ended().is_some()
+    fn settled(&self) -> PyResult<bool> {
+        fork::check()?;
+        Ok(self.ended().is_some())
     }
 
     /// Ends a wait that saw the operation settle: gives the memory back and
     /// returns the final status, or raises `RuntimeError` if it failed.
     /// Returns `None` if the operation has not settled.
     fn finish(&self) -> PyResult<Option<u8>> {
+        fork::check()?;
         match self.ended() {
             Some(ended) => self.outcome(ended).map(Some),
             None => Ok(None),
@@ -297,6 +308,7 @@ impl PyOperation {
     /// final status; raises `RuntimeError` if the transfer failed.
     #[pyo3(signature = (timeout=None))]
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<u8> {
+        fork::check()?;
         let deadline = match timeout {
             Some(t) => Instant::now().checked_add(seconds(t, "timeout")?),
             None => None,
@@ -340,6 +352,7 @@ impl PyOperation {
     /// 23-27 µs on top of a 4 KiB transfer's 32-53 µs.
     #[pyo3(name = "spin")]
     fn spin_for(&self, py: Python<'_>, window: f64) -> PyResult<bool> {
+        fork::check()?;
         let window = seconds(window, "spin")?.min(SIGNAL_CHECK);
         let Some(op) = self.shared() else {
             return Ok(true);
@@ -355,8 +368,10 @@ impl PyOperation {
     }
 
     /// Tries to hand the memory back now (after the operation ended).
-    fn reclaim_now(&self) {
+    fn reclaim_now(&self) -> PyResult<()> {
+        fork::check()?;
         self.reclaim();
+        Ok(())
     }
 
     /// Whether the operation has handed its memory back (or is doing so).
@@ -387,7 +402,7 @@ impl PyOperation {
 /// years, or infinity) is the longest `Duration`, which a deadline treats as
 /// none.
 fn seconds(value: f64, what: &str) -> PyResult<Duration> {
-    if !(value >= 0.0) {
+    if value.is_nan() || value < 0.0 {
         return Err(pyo3::exceptions::PyValueError::new_err(format!(
             "{what} must be a non-negative number of seconds"
         )));
