@@ -7,6 +7,9 @@ xflags::xflags! {
         /// fmt check, clippy -D warnings, feature combinations, all tests and
         /// doc tests, loom, ASan, fuzz, rustdoc -D warnings, demos.
         cmd test {
+            /// Only the steps whose names start with these (e.g. `python`,
+            /// `clippy`, `fuzz`); all of them when none is given.
+            repeated step: String
             /// The long load runs too: 16 x 10,000 loopback operations, 1 GiB kill tests.
             optional --long
         }
@@ -40,6 +43,9 @@ xflags::xflags! {
         cmd gpu-bundle {}
         /// Fetch the NIXL runtime into target/nixl-runtime (idempotent).
         cmd nixl-runtime {}
+        /// The Python package as one abi3 manylinux_2_28 wheel in target/wheels
+        /// (maturin with zig), checked with auditwheel.
+        cmd wheel {}
     }
 }
 

@@ -1,56 +1,76 @@
-//! The Python package `nixl_connect` (crates/nixl-connect-py): a virtualenv
-//! with what its tests need, the package installed into it the way a user
-//! installs it, pytest, and the Python benchmark (`bench --python`).
+//! The Python package `nixl_connect` (crates/nixl-connect-py): its wheel, the
+//! virtualenvs its tests run in, pytest on CPython 3.10-3.13, the type checks,
+//! and the Python benchmark (`bench --python`).
 //!
 //! Everything is installed by these functions, once (a stamp file records
-//! what the virtualenv holds; a change recreates it), offline afterwards
-//! except for the package build itself:
-//! - `target/py-venv`: maturin, pytest, pydantic, numpy, `nixl-cu12` (the NIXL
-//!   runtime, from the wheel `cargo xtask nixl-runtime` downloaded, without
-//!   its torch dependency) and NIXL's `nixl` meta-package (for Dynamo);
-//! - `target/py-venv/dynamo-src`: the real `dynamo/nixl_connect/__init__.py`
-//!   from `ai-dynamo-runtime` 1.6.1 (pure Python; the wheel's 200 MB native
-//!   part is not needed), and `target/py-venv/torch-stub`, a stand-in `torch`
-//!   with an empty `Tensor` class that Dynamo's module imports. Only the
-//!   Dynamo peers of the interop tests and the benchmark put these on their
-//!   `PYTHONPATH`.
+//! what each virtualenv holds; a change recreates it):
+//! - `target/py-tools` (`python3`): maturin, ziglang and auditwheel, which
+//!   build and check the wheel, and mypy;
+//! - `target/wheels`: the wheel (`cargo xtask wheel`): abi3 for CPython 3.10+,
+//!   linked by zig against glibc 2.28 (manylinux_2_28: RHEL 8, Ubuntu 20.04
+//!   and later), checked with `auditwheel show`; it does not link NIXL;
+//! - one test virtualenv per interpreter, `target/py-venv` (3.11, the one the
+//!   benchmark uses) and `target/py3XX-venv`: the wheel pip-installed as a
+//!   user installs it (its dependencies resolved by pip), pytest and NumPy;
+//!   for 3.11 and 3.12 also the NIXL runtime (`nixl-cu12`, without its torch
+//!   dependency) and NIXL's `nixl` meta-package (Dynamo imports it). pip and
+//!   pytest run there with only the virtualenv on `PATH`: no Rust, compiler
+//!   or libclang;
+//! - `target/py-dynamo`: the real `dynamo/nixl_connect/__init__.py` from
+//!   `ai-dynamo-runtime` 1.6.1 (pure Python; the wheel's native part is not
+//!   needed) and a stand-in `torch` with an empty `Tensor` class that
+//!   Dynamo's module imports. Only the Dynamo peers of the interop tests and
+//!   the benchmark put these on their `PYTHONPATH`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::{nixl, run_quiet, wheel};
 
-/// What the virtualenv holds; written to its stamp file.
-const REQUIREMENTS: &[&str] = &["maturin>=1.9,<2", "pytest>=8", "pydantic>=2.10.6,<=2.13.5"];
-const NUMPY: &str = "numpy==2.2.6";
+/// What every test virtualenv gets besides the package (pydantic pinned to
+/// the versions tested; the package itself allows `>=2.10,<3`).
+const TEST_REQUIREMENTS: &[&str] = &["pytest>=8", "pydantic>=2.10.6,<=2.13.5", "numpy==2.2.6"];
+/// The wheel's build and the type checks.
+const TOOLS: &[&str] = &[
+    "maturin>=1.9,<2",
+    "ziglang==0.17.1",
+    "auditwheel==6.8.2",
+    "mypy==1.19.1",
+    "pydantic>=2.10.6,<=2.13.5",
+    "numpy==2.2.6",
+];
+/// The platform tag the wheel must satisfy (glibc 2.28).
+const MANYLINUX: &str = "manylinux_2_28";
 const DYNAMO_VERSION: &str = "1.6.1";
 /// The one file of the Dynamo wheel the tests use.
 const DYNAMO_MODULE: &str = "dynamo/nixl_connect/__init__.py";
 const PACKAGE_DIR: &str = "crates/nixl-connect-py";
-/// Cargo's target folder for the package build (kept apart from the
+/// Cargo's target folder for the wheel's build (kept apart from the
 /// workspace's, which builds other features and profiles).
 const BUILD_DIR: &str = "target/py";
+const WHEELS: &str = "target/wheels";
 
-/// A ready virtualenv and the paths the tests need.
+/// The interpreters the suite runs on, and whether that virtualenv gets the
+/// NIXL runtime (NIXL and Dynamo interop tests then run; elsewhere they skip).
+const INTERPRETERS: &[(&str, bool)] = &[
+    ("3.10", false),
+    ("3.11", true),
+    ("3.12", true),
+    ("3.13", false),
+];
+
+/// A ready test virtualenv and the paths the tests need.
 pub(crate) struct Venv {
     /// The virtualenv folder.
     pub(crate) root: PathBuf,
     /// Its interpreter.
     pub(crate) python: PathBuf,
+    /// Whether the NIXL runtime is installed in it.
+    nixl: bool,
     /// Holds `dynamo/nixl_connect/__init__.py`.
     pub(crate) dynamo_src: PathBuf,
     /// Holds the stand-in `torch` package.
     pub(crate) torch_stub: PathBuf,
-}
-
-fn paths(root: &Path) -> Venv {
-    let venv = root.join("target/py-venv");
-    Venv {
-        python: venv.join("bin/python"),
-        dynamo_src: venv.join("dynamo-src"),
-        torch_stub: venv.join("torch-stub"),
-        root: venv,
-    }
 }
 
 /// NIXL's meta-package (`import nixl`, which Dynamo uses), at the runtime's version.
@@ -62,80 +82,160 @@ fn dynamo() -> String {
     format!("ai-dynamo-runtime=={DYNAMO_VERSION}")
 }
 
-fn stamp_text() -> String {
-    let mut lines: Vec<String> = REQUIREMENTS.iter().map(|r| (*r).to_owned()).collect();
-    lines.extend([NUMPY.into(), nixl::requirement(), nixl_meta(), dynamo()]);
-    lines.push("torch-stub 1".into());
-    lines.join("\n") + "\n"
+/// The newest `~/.pyenv/versions/<minor>.N/bin/python3`, or `python3` if it
+/// is that version.
+fn interpreter(minor: &str) -> Option<PathBuf> {
+    let versions = PathBuf::from(std::env::var_os("HOME")?).join(".pyenv/versions");
+    let patch =
+        |name: &str| -> Option<u32> { name.strip_prefix(minor)?.strip_prefix('.')?.parse().ok() };
+    let newest = std::fs::read_dir(&versions).ok().and_then(|dir| {
+        dir.filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+            .filter_map(|name| Some((patch(&name)?, name)))
+            .max()
+    });
+    if let Some((_, name)) = newest {
+        let python = versions.join(name).join("bin/python3");
+        if python.is_file() {
+            return Some(python);
+        }
+    }
+    let version = Command::new("python3")
+        .args(["-c", "import sys; print('%d.%d' % sys.version_info[:2])"])
+        .output()
+        .ok()?;
+    (String::from_utf8_lossy(&version.stdout).trim() == minor).then(|| PathBuf::from("python3"))
 }
 
-/// The test virtualenv, created and filled once (`target/py-venv`).
-pub(crate) fn ensure_venv(root: &Path) -> Result<Venv, String> {
-    let venv = paths(root);
-    let stamp = venv.root.join(".complete");
-    let wanted = stamp_text();
+/// A virtualenv at `dir` made by `python` and holding `packages`, made again
+/// whenever the stamp (`python` and `what`) differs.
+fn ensure(
+    dir: &Path,
+    python: &Path,
+    what: &str,
+    fill: impl FnOnce(&Path) -> Result<(), String>,
+) -> Result<PathBuf, String> {
+    let stamp = dir.join(".complete");
+    let wanted = format!("{}\n{what}\n", python.display());
+    let venv_python = dir.join("bin/python");
     if std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
-        return Ok(venv);
+        return Ok(venv_python);
     }
-    let runtime = nixl::ensure_runtime(root)?;
-    let wheels = runtime
-        .root
-        .parent()
-        .map(|p| p.join("wheels"))
-        .ok_or("the NIXL runtime folder has no parent")?;
+    let _ = std::fs::remove_dir_all(dir);
+    run_quiet(Command::new(python).args(["-m", "venv"]).arg(dir))?;
+    fill(&venv_python)?;
+    std::fs::write(&stamp, wanted).map_err(|e| format!("write {}: {e}", stamp.display()))?;
+    Ok(venv_python)
+}
+
+/// `target/py-tools`: what builds and checks the wheel, and mypy.
+fn ensure_tools(root: &Path) -> Result<PathBuf, String> {
+    let python = interpreter("3.11").unwrap_or_else(|| PathBuf::from("python3"));
+    ensure(
+        &root.join("target/py-tools"),
+        &python,
+        &TOOLS.join("\n"),
+        |py| run_quiet(crate::pip(py, "install").args(TOOLS)),
+    )
+}
+
+/// Builds the wheel into `target/wheels` and checks its platform tag with
+/// `auditwheel show`; returns its path. `cargo xtask wheel`.
+pub(crate) fn build_wheel(root: &Path) -> Result<PathBuf, String> {
+    let tools = ensure_tools(root)?;
+    let bin = tools.parent().map(Path::to_path_buf).unwrap_or_default();
+    let out = root.join(WHEELS);
+    let _ = std::fs::remove_dir_all(&out);
+    let libstdcxx = libstdcxx()?;
+    let mut build = Command::new(bin.join("maturin"));
+    build
+        .args([
+            "build",
+            "--release",
+            "--strip",
+            "--zig",
+            "--compatibility",
+            MANYLINUX,
+            "-o",
+        ])
+        .arg(&out)
+        // nixl-sys compiles its dlopen stubs with g++ (libstdc++) and asks
+        // for `-lstdc++`, which zig's linker takes for its own libc++: name
+        // the system's libstdc++ itself, so the module needs it (auditwheel
+        // checks its symbol versions against the policy) instead of missing
+        // `std::cerr` at import.
+        .arg("--")
+        .arg("-C")
+        .arg(format!("link-arg={}", libstdcxx.display()))
+        .env("CARGO_TARGET_DIR", root.join(BUILD_DIR))
+        .env("PATH", path_with(&bin));
+    // From the package's folder: run from the workspace root, bindgen (in
+    // nixl-sys's build script) under maturin's zig wrapper did not find
+    // clang's own headers (`stdbool.h`).
+    if !crate::run(&root.join(PACKAGE_DIR), build) {
+        return Err("maturin build failed".into());
+    }
+    let wheel = wheel::find(&out, "nixl_connect-")?;
+    let show = Command::new(bin.join("auditwheel"))
+        .arg("show")
+        .arg(&wheel)
+        .output()
+        .map_err(|e| format!("auditwheel: {e}"))?;
+    let report = String::from_utf8_lossy(&show.stdout).replace('\n', " ");
+    let satisfied = format!("consistent with the following platform tag: \"{MANYLINUX}_x86_64\"");
+    if !show.status.success() || !report.contains(&satisfied) {
+        return Err(format!(
+            "auditwheel show does not report {MANYLINUX}_x86_64 as satisfied for {}: {report}{}",
+            wheel.display(),
+            String::from_utf8_lossy(&show.stderr)
+        ));
+    }
+    let size = std::fs::metadata(&wheel).map(|m| m.len()).unwrap_or(0);
+    eprintln!(
+        "xtask: {} ({:.1} MiB), auditwheel: {MANYLINUX}_x86_64 satisfied",
+        wheel.display(),
+        size as f64 / (1024.0 * 1024.0)
+    );
+    Ok(wheel)
+}
+
+/// The C++ runtime g++ links against (`libstdc++.so.6`).
+fn libstdcxx() -> Result<PathBuf, String> {
+    let out = Command::new("g++")
+        .arg("-print-file-name=libstdc++.so.6")
+        .output()
+        .map_err(|e| format!("g++ (needed to build nixl-sys's stubs): {e}"))?;
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    if path.is_absolute() && path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!(
+            "g++ does not know where libstdc++.so.6 is ({})",
+            path.display()
+        ))
+    }
+}
+
+/// `target/py-dynamo`: Dynamo's module and the torch stand-in.
+fn ensure_dynamo(root: &Path) -> Result<(PathBuf, PathBuf), String> {
+    let dir = root.join("target/py-dynamo");
+    let (src, stub) = (dir.join("dynamo-src"), dir.join("torch-stub"));
+    let stamp = dir.join(".complete");
+    if std::fs::read_to_string(&stamp).is_ok_and(|s| s == dynamo()) {
+        return Ok((src, stub));
+    }
     let downloads = root.join("target/py-downloads");
-    std::fs::create_dir_all(&downloads)
-        .map_err(|e| format!("create {}: {e}", downloads.display()))?;
-    let _ = std::fs::remove_dir_all(&venv.root);
-    run_quiet(Command::new("python3").args(["-m", "venv"]).arg(&venv.root))?;
-    let pip = |args: &[&str]| {
-        let mut cmd = crate::pip(&venv.python, "install");
-        cmd.args(args);
-        cmd
-    };
-    run_quiet(&mut pip(REQUIREMENTS))?;
-    // numpy and the NIXL runtime from the wheels already downloaded; the
-    // runtime without its declared torch dependency (not needed for DRAM).
-    let wheels_arg = wheels.display().to_string();
-    run_quiet(&mut pip(&[
-        "--no-index",
-        "--find-links",
-        &wheels_arg,
-        NUMPY,
-    ]))?;
-    run_quiet(&mut pip(&[
-        "--no-deps",
-        "--no-index",
-        "--find-links",
-        &wheels_arg,
-        &nixl::requirement(),
-    ]))?;
-    // NIXL's meta-package (`import nixl`, which Dynamo uses) and Dynamo's
-    // wheel, downloaded once.
-    let downloads_arg = downloads.display().to_string();
-    for package in [nixl_meta(), dynamo()] {
-        run_quiet(
-            crate::pip(&venv.python, "download")
-                .args(["--no-deps", "-d"])
-                .arg(&downloads)
-                .arg(package),
-        )?;
-    }
-    run_quiet(&mut pip(&[
-        "--no-deps",
-        "--no-index",
-        "--find-links",
-        &downloads_arg,
-        &nixl_meta(),
-    ]))?;
+    run_quiet(
+        crate::pip("python3", "download")
+            .args(["--no-deps", "-d"])
+            .arg(&downloads)
+            .arg(dynamo()),
+    )?;
     let dynamo_wheel = wheel::find(&downloads, &format!("ai_dynamo_runtime-{DYNAMO_VERSION}-"))?;
-    if wheel::extract(&dynamo_wheel, &venv.dynamo_src, |name| {
-        name == DYNAMO_MODULE
-    })? != 1
-    {
+    let _ = std::fs::remove_dir_all(&src);
+    if wheel::extract(&dynamo_wheel, &src, |name| name == DYNAMO_MODULE)? != 1 {
         return Err(format!("{} has no {DYNAMO_MODULE}", dynamo_wheel.display()));
     }
-    let torch = venv.torch_stub.join("torch");
+    let torch = stub.join("torch");
     std::fs::create_dir_all(&torch).map_err(|e| format!("create {}: {e}", torch.display()))?;
     std::fs::write(
         torch.join("__init__.py"),
@@ -144,52 +244,83 @@ pub(crate) fn ensure_venv(root: &Path) -> Result<Venv, String> {
          class Tensor:\n    pass\n",
     )
     .map_err(|e| format!("write the torch stand-in: {e}"))?;
-    std::fs::write(&stamp, wanted).map_err(|e| format!("write {}: {e}", stamp.display()))?;
-    eprintln!(
-        "xtask: Python test environment ready in {}",
-        venv.root.display()
-    );
-    Ok(venv)
+    std::fs::write(&stamp, dynamo()).map_err(|e| format!("write {}: {e}", stamp.display()))?;
+    Ok((src, stub))
 }
 
-/// Builds and installs `nixl_connect` into the virtualenv as a user would
-/// (`pip install ./crates/nixl-connect-py`, maturin as the build backend;
-/// already in the virtualenv, so no download).
-/// Builds the package's wheel (abi3: one for every CPython >= 3.10) with the
-/// virtualenv's maturin, as pip builds it for a user, into
-/// `target/py/wheels`; returns its path.
-fn build_wheel(root: &Path, venv: &Venv) -> Option<PathBuf> {
-    let out = root.join(BUILD_DIR).join("wheels");
-    let _ = std::fs::remove_dir_all(&out);
-    let mut cmd = crate::pip(&venv.python, "wheel");
-    cmd.args(["--no-build-isolation", "--no-deps", "-w"])
-        .arg(&out)
-        .arg(root.join(PACKAGE_DIR))
-        .env("CARGO_TARGET_DIR", root.join(BUILD_DIR))
-        .env("PATH", path_with(&venv.root.join("bin")));
-    if !crate::run(root, cmd) {
-        return None;
+fn venv_dir(root: &Path, minor: &str) -> PathBuf {
+    match minor {
+        "3.11" => root.join("target/py-venv"),
+        _ => root.join(format!("target/py{}-venv", minor.replace('.', ""))),
     }
-    match wheel::find(&out, "nixl_connect-") {
-        Ok(wheel) => Some(wheel),
-        Err(e) => {
-            eprintln!("xtask (python): {e}");
-            None
+}
+
+/// The test virtualenv of `minor` with `wheel` installed; `Ok(None)` when
+/// this machine has no such interpreter.
+fn ensure_venv(root: &Path, minor: &str, nixl: bool, wheel: &Path) -> Result<Option<Venv>, String> {
+    let Some(python) = interpreter(minor) else {
+        return Ok(None);
+    };
+    let (dynamo_src, torch_stub) = ensure_dynamo(root)?;
+    let dir = venv_dir(root, minor);
+    let mut what = TEST_REQUIREMENTS.join("\n");
+    if nixl {
+        what += &format!("\n{}\n{}", nixl::requirement(), nixl_meta());
+    }
+    let downloads = root.join("target/py-downloads");
+    let fresh = !dir.join(".complete").is_file();
+    let venv_python = ensure(&dir, &python, &what, |py| {
+        // As a user installs it: pip resolves the wheel's dependencies.
+        run_quiet(
+            crate::pip(py, "install")
+                .arg(wheel)
+                .args(TEST_REQUIREMENTS)
+                .env("PATH", dir.join("bin")),
+        )?;
+        if nixl {
+            // The runtime without its torch dependency (the light route).
+            let py_version = minor.to_owned();
+            for package in [nixl::requirement(), nixl_meta()] {
+                run_quiet(
+                    crate::pip("python3", "download")
+                        .args([
+                            "--no-deps",
+                            "--only-binary=:all:",
+                            "--python-version",
+                            &py_version,
+                            "-d",
+                        ])
+                        .arg(&downloads)
+                        .arg(&package),
+                )?;
+                run_quiet(
+                    crate::pip(py, "install")
+                        .args(["--no-deps", "--no-index", "--find-links"])
+                        .arg(&downloads)
+                        .arg(&package),
+                )?;
+            }
         }
+        Ok(())
+    })?;
+    if !fresh {
+        run_quiet(
+            crate::pip(&venv_python, "install")
+                .args(["--no-deps", "--force-reinstall"])
+                .arg(wheel)
+                .env("PATH", dir.join("bin")),
+        )?;
     }
+    Ok(Some(Venv {
+        root: dir,
+        python: venv_python,
+        nixl,
+        dynamo_src,
+        torch_stub,
+    }))
 }
 
-fn install_wheel(root: &Path, python: &Path, wheel: &Path) -> bool {
-    let mut cmd = crate::pip(python, "install");
-    cmd.args(["--no-deps", "--force-reinstall"]).arg(wheel);
-    crate::run(root, cmd)
-}
-
-/// Builds the package and installs it into the test virtualenv.
-pub(crate) fn install_package(root: &Path, venv: &Venv) -> bool {
-    build_wheel(root, venv).is_some_and(|wheel| install_wheel(root, &venv.python, &wheel))
-}
-
+/// `dir`, then the current `PATH`.
 fn path_with(dir: &Path) -> std::ffi::OsString {
     let mut dirs = vec![dir.to_path_buf()];
     if let Some(path) = std::env::var_os("PATH") {
@@ -199,9 +330,10 @@ fn path_with(dir: &Path) -> std::ffi::OsString {
 }
 
 /// The environment the tests and the benchmark run with: the Dynamo module and
-/// the torch stand-in (for Dynamo peers only), and NIXL tests required.
+/// the torch stand-in (for Dynamo peers only), NIXL tests required where the
+/// runtime is installed, and only the virtualenv on `PATH`.
 fn test_env(venv: &Venv) -> Vec<(&'static str, String)> {
-    vec![
+    let mut env = vec![
         (
             "NIXL_CONNECT_DYNAMO_SRC",
             venv.dynamo_src.display().to_string(),
@@ -210,15 +342,20 @@ fn test_env(venv: &Venv) -> Vec<(&'static str, String)> {
             "NIXL_CONNECT_TORCH_STUB",
             venv.torch_stub.display().to_string(),
         ),
-        ("NIXL_TESTS_REQUIRED", "1".to_owned()),
-    ]
+        ("PATH", venv.root.join("bin").display().to_string()),
+    ];
+    if venv.nixl {
+        env.push(("NIXL_TESTS_REQUIRED", "1".to_owned()));
+    }
+    env
 }
 
 /// Runs the package's pytest suite (`crates/nixl-connect-py/tests`).
-pub(crate) fn pytest(root: &Path, venv: &Venv) -> bool {
+fn pytest(root: &Path, venv: &Venv) -> bool {
     let mut cmd = Command::new(&venv.python);
     cmd.args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
         .arg(root.join(PACKAGE_DIR).join("tests"))
+        .env_remove("NIXL_TESTS_REQUIRED")
         .envs(test_env(venv))
         .env_remove("VIRTUAL_ENV")
         .env_remove("NIXL_RUNTIME_DIR")
@@ -226,102 +363,72 @@ pub(crate) fn pytest(root: &Path, venv: &Venv) -> bool {
     crate::run(root, cmd)
 }
 
-/// The `cargo xtask test` step: virtualenv, `pip install`, pytest.
+/// The `cargo xtask test` step: the wheel, built once, then pytest in the
+/// virtualenv of every interpreter (one missing here is named and skipped).
 pub(crate) fn test(root: &Path) -> bool {
-    let venv = match ensure_venv(root) {
-        Ok(venv) => venv,
+    let wheel = match build_wheel(root) {
+        Ok(wheel) => wheel,
         Err(e) => {
             eprintln!("xtask test (python): {e}");
             return false;
         }
     };
-    let Some(wheel) = build_wheel(root, &venv) else {
-        return false;
-    };
-    let main = install_wheel(root, &venv.python, &wheel) && pytest(root, &venv);
-    main & test_on_312(root, &venv, &wheel)
-}
-
-/// The suite again on CPython 3.12, where a class can define `__buffer__`
-/// (PEP 688): the same abi3 wheel in a virtualenv of its own, with no NIXL
-/// runtime (NIXL tests skip; loopback and the checks of native pins run).
-/// The interpreter comes from pyenv's folder, as this image has it; without
-/// one the step says so and skips.
-fn test_on_312(root: &Path, main: &Venv, wheel: &Path) -> bool {
-    let Some(python) = pyenv_python("3.12") else {
-        eprintln!(
-            "xtask test (python): skipped the CPython 3.12 run: no ~/.pyenv/versions/3.12.*/bin/python3"
-        );
-        return true;
-    };
-    let venv = root.join("target/py312-venv");
-    let venv_python = venv.join("bin/python");
-    let stamp = venv.join(".complete");
-    let wanted = format!("{}\n{}\n", python.display(), stamp_text());
-    if !std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
-        let _ = std::fs::remove_dir_all(&venv);
-        let made = run_quiet(Command::new(&python).args(["-m", "venv"]).arg(&venv))
-            .and_then(|()| {
-                run_quiet(
-                    crate::pip(&venv_python, "install")
-                        .args(&REQUIREMENTS[1..])
-                        .arg(NUMPY),
-                )
-            })
-            .and_then(|()| {
-                std::fs::write(&stamp, &wanted)
-                    .map_err(|e| format!("write {}: {e}", stamp.display()))
-            });
-        if let Err(e) = made {
-            eprintln!("xtask test (python 3.12): {e}");
-            return false;
+    let mut ok = true;
+    for &(minor, nixl) in INTERPRETERS {
+        match ensure_venv(root, minor, nixl, &wheel) {
+            Ok(Some(venv)) => {
+                eprintln!(
+                    "xtask test (python {minor}): pytest, {}",
+                    if nixl {
+                        "NIXL and Dynamo interop included"
+                    } else {
+                        "no NIXL runtime: NIXL tests skip"
+                    }
+                );
+                ok &= pytest(root, &venv);
+            }
+            Ok(None) => eprintln!(
+                "xtask test (python {minor}): skipped: no ~/.pyenv/versions/{minor}.*/bin/python3 and python3 is another version"
+            ),
+            Err(e) => {
+                eprintln!("xtask test (python {minor}): {e}");
+                ok = false;
+            }
         }
     }
-    if !install_wheel(root, &venv_python, wheel) {
-        return false;
+    ok
+}
+
+/// `cargo xtask wheel`.
+pub(crate) fn wheel(root: &Path) -> Result<(), u8> {
+    match build_wheel(root) {
+        Ok(wheel) => {
+            println!("{}", wheel.display());
+            Ok(())
+        }
+        Err(e) => {
+            eprintln!("xtask wheel: {e}");
+            Err(1)
+        }
     }
-    let mut cmd = Command::new(&venv_python);
-    cmd.args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
-        .arg(root.join(PACKAGE_DIR).join("tests"))
-        .envs(test_env(main))
-        .env_remove("NIXL_TESTS_REQUIRED")
-        .env_remove("VIRTUAL_ENV")
-        .env_remove("NIXL_RUNTIME_DIR")
-        .env_remove("NIXL_CAPI_LIB");
-    crate::run(root, cmd)
 }
 
-/// The newest `~/.pyenv/versions/<minor>.N/bin/python3`.
-fn pyenv_python(minor: &str) -> Option<PathBuf> {
-    let versions = PathBuf::from(std::env::var_os("HOME")?).join(".pyenv/versions");
-    let patch =
-        |name: &str| -> Option<u32> { name.strip_prefix(minor)?.strip_prefix('.')?.parse().ok() };
-    let newest = std::fs::read_dir(&versions)
-        .ok()?
-        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
-        .filter_map(|name| Some((patch(&name)?, name)))
-        .max()?;
-    let python = versions.join(newest.1).join("bin/python3");
-    python.is_file().then_some(python)
-}
-
+/// Whether the benchmark's virtualenv exists (the full bench runs the Python
+/// rows only then).
 pub(crate) fn venv_exists(root: &Path) -> bool {
-    paths(root).root.join(".complete").is_file()
+    venv_dir(root, "3.11").join(".complete").is_file()
 }
 
-/// `cargo xtask bench --python`: round trips through `nixl_connect` (NIXL)
-/// and the real Dynamo module, interleaved; rows merged into
-/// `target/bench/report.json` (`py-nixl-connect`, `py-dynamo`).
+/// `cargo xtask bench --python`: the Python package against Dynamo's module.
 pub(crate) fn bench(ws: &crate::Workspace, quick: bool) -> Result<(), u8> {
     let root = ws.root.as_path();
-    let venv = ensure_venv(root).map_err(|e| {
-        eprintln!("xtask bench --python: {e}");
-        1
-    })?;
-    if !install_package(root, &venv) {
-        return Err(1);
-    }
-    // The Rust API's worker, the baseline measured in the same run.
+    let venv = build_wheel(root)
+        .and_then(|wheel| ensure_venv(root, "3.11", true, &wheel))
+        .and_then(|venv| venv.ok_or_else(|| "no CPython 3.11 here".to_owned()))
+        .map_err(|e| {
+            eprintln!("xtask bench --python: {e}");
+            1
+        })?;
     let mut build = crate::cargo();
     build.args(["build", "--quiet", "--release", "-p", "bench"]);
     if !crate::run(root, build) {
