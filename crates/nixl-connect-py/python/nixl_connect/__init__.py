@@ -38,11 +38,14 @@ import weakref
 from abc import ABC, abstractmethod
 from enum import IntEnum
 from functools import cached_property
-from typing import Any, List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional, cast
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from . import _native
+
+if TYPE_CHECKING:
+    from typing_extensions import Self, TypeAlias
 
 __all__ = [
     "AbstractOperation",
@@ -63,6 +66,10 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+# The library's own records (the native module's `tracing` events) go to this
+# logger too; like any library's, they show only where the application
+# configured logging.
+logger.addHandler(logging.NullHandler())
 
 BACKENDS = tuple(_native.BACKENDS)
 """Backends a `Connector` can use: ``"nixl"`` (default) and ``"loopback"``."""
@@ -221,6 +228,15 @@ def _parse_device(text: str) -> tuple[DeviceKind, int]:
     )
 
 
+def set_nixl_log_level(level: str) -> None:
+    """Sets NIXL's own log level for the process: ``"info"`` (NIXL's default),
+    ``"warning"``, ``"error"``, ``"fatal"`` or ``"off"``. Beyond Dynamo; loads
+    the NIXL runtime (``ImportError`` without one). NIXL writes its lines to
+    stderr itself; this library's own records go to the ``nixl_connect``
+    logger."""
+    _native.set_nixl_log_level(level)
+
+
 # Wire models: Dynamo's pydantic models, byte-compatible JSON.
 
 
@@ -301,13 +317,15 @@ class RdmaMetadata(BaseModel):
 # not encoded and parsed again for every operation. The models are frozen, but
 # their `descriptors` list can be edited in place: the entry keeps the items it
 # was made from and is used only while the list still holds exactly those.
-_native_metadata: dict[int, tuple[weakref.ref, tuple, Any]] = {}
+_native_metadata: dict[
+    int, tuple[weakref.ref[RdmaMetadata], tuple[SerializedDescriptor, ...], _native.Metadata]
+] = {}
 
 
-def _remember_native(metadata: RdmaMetadata, native: Any) -> None:
+def _remember_native(metadata: RdmaMetadata, native: _native.Metadata) -> None:
     key = id(metadata)
 
-    def forget(ref: weakref.ref, key: int = key) -> None:
+    def forget(ref: weakref.ref[RdmaMetadata], key: int = key) -> None:
         entry = _native_metadata.get(key)
         if entry is not None and entry[0] is ref:
             del _native_metadata[key]
@@ -316,7 +334,7 @@ def _remember_native(metadata: RdmaMetadata, native: Any) -> None:
     _native_metadata[key] = (weakref.ref(metadata, forget), items, native)
 
 
-def _native_of(metadata: Any) -> Any:
+def _native_of(metadata: RdmaMetadata) -> _native.Metadata:
     entry = _native_metadata.get(id(metadata))
     if entry is not None and entry[0]() is metadata:
         items, current = entry[1], metadata.descriptors
@@ -337,6 +355,18 @@ def _is_metadata(value: Any) -> bool:
 
 # Descriptors.
 
+if TYPE_CHECKING:
+    # What `Descriptor(data)` takes. Tensors and arrays are `Any`: torch,
+    # NumPy and CuPy are optional, and any object exposing `__dlpack__` or an
+    # array interface (or a native buffer export) is taken too.
+    _DescriptorData: TypeAlias = (
+        Any
+        | tuple[Any, Device | str]
+        | bytes
+        | bytearray
+        | tuple[int, int, Device | str, Any]
+    )
+
 
 class Descriptor:
     """Memory to transfer: keeps its object alive while a transfer may touch it.
@@ -355,7 +385,7 @@ class Descriptor:
 
     __slots__ = ("_native", "_device", "_serialized", "__weakref__")
 
-    def __init__(self, data: Any) -> None:
+    def __init__(self, data: _DescriptorData) -> None:
         self._native = _native.Descriptor(data)
         self._device: Optional[Device] = None
         self._serialized: Optional[SerializedDescriptor] = None
@@ -442,13 +472,13 @@ def _descriptor_list(value: Any, what: str = "local_descriptors") -> list[Descri
 
 # Completion into asyncio: one native notifier (an eventfd the loop watches)
 # per event loop. The library's own wakers signal it; nothing polls.
-_notifiers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any]" = (
+_notifiers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _native.Notifier]" = (
     weakref.WeakKeyDictionary()
 )
 _notifiers_lock = threading.Lock()
 
 
-def _notifier(loop: asyncio.AbstractEventLoop) -> Any:
+def _notifier(loop: asyncio.AbstractEventLoop) -> _native.Notifier:
     notifier = _notifiers.get(loop)
     if notifier is None:
         with _notifiers_lock:
@@ -470,7 +500,7 @@ class AbstractOperation(ABC):
         self,
         connector: Connector,
         operation_kind: OperationKind,
-        native: Any,
+        native: _native.Operation,
         local_descriptors: list[Descriptor],
         single: bool,
     ) -> None:
@@ -480,7 +510,7 @@ class AbstractOperation(ABC):
         self._local_desc_list = local_descriptors
         self._single = single
 
-    def __enter__(self) -> AbstractOperation:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
@@ -581,12 +611,12 @@ class PassiveOperation(AbstractOperation):
         cached = self._metadata.get(hex_encode)
         if cached is not None:
             return cached
-        metadata = RdmaMetadata.model_validate_json(self._native.metadata_json())
+        metadata = RdmaMetadata.model_validate_json(cast(str, self._native.metadata_json()))
         if hex_encode:
             raw = base64.b64decode(metadata.nixl_metadata[len("b64:") :])
             metadata = metadata.model_copy(update={"nixl_metadata": raw.hex()})
         else:
-            _remember_native(metadata, self._native.metadata())
+            _remember_native(metadata, cast(_native.Metadata, self._native.metadata()))
         self._metadata[hex_encode] = metadata
         return metadata
 
@@ -732,10 +762,10 @@ class Connector:
         self._backend = backend
         self._await_spin = float(await_spin)
         self._peer_failure_detection = peer_failure_detection
-        self._native: Any = None
+        self._native: Optional[_native.Connector] = None
         self._native_lock = threading.Lock()
 
-    def _connection(self) -> Any:
+    def _connection(self) -> _native.Connector:
         native = self._native
         if native is None:
             with self._native_lock:

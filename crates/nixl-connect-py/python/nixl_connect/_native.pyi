@@ -1,0 +1,211 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Types of the native module (Rust, ``src/``); `nixl_connect` wraps it.
+
+Statuses and operation kinds are the integers of `nixl_connect.OperationStatus`
+and `nixl_connect.OperationKind`.
+"""
+
+import asyncio
+import os
+from collections.abc import Sequence
+from typing import Final, final
+
+__all__ = [
+    "Connector",
+    "Descriptor",
+    "Metadata",
+    "Operation",
+    "Notifier",
+    "BACKENDS",
+    "TYPE_ERROR_MESSAGE",
+    "set_nixl_log_level",
+]
+
+BACKENDS: Final[list[str]]
+"""Backends a `Connector` can be built over: ``"nixl"``, ``"loopback"``."""
+
+TYPE_ERROR_MESSAGE: Final[str]
+"""The ``TypeError`` message for a `Descriptor` source it cannot read."""
+
+def set_nixl_log_level(level: str) -> None:
+    """NIXL's own log level: ``"info"``, ``"warning"``, ``"error"``, ``"fatal"``, ``"off"``."""
+
+@final
+class Connector:
+    """A core connector over NIXL or the process-wide loopback fabric."""
+
+    def __new__(
+        cls,
+        name: str,
+        backend: str,
+        site_packages: Sequence[str | os.PathLike[str]] = ...,
+        peer_failure_detection: bool = True,
+    ) -> Connector:
+        """`backend` is ``"nixl"`` or ``"loopback"``; NIXL's runtime is looked
+        for first in `site_packages`."""
+
+    @property
+    def name(self) -> str:
+        """The agent name peers know this connector by."""
+
+    @property
+    def backend(self) -> str:
+        """``"nixl"`` or ``"loopback"``."""
+
+    @property
+    def revocation_enforced(self) -> bool:
+        """Whether the backend can cut a peer off after an operation ends."""
+
+    @property
+    def _ucx_error_handling_mode(self) -> str | None:
+        """Testing hook: ``"peer"`` or ``"none"`` (NIXL); ``None`` for loopback."""
+
+    def _fail_next_transfer(self, reason: str) -> None:
+        """Testing hook (loopback): the next transfer fails with `reason`."""
+
+    def _delay_next_transfer(self, seconds: float) -> None:
+        """Testing hook (loopback): the next transfer waits `seconds` first."""
+
+    def _drop_next_notification(self) -> None:
+        """Testing hook (loopback): the next transfer's notification is lost."""
+
+    def create_readable(self, descriptors: Sequence[Descriptor]) -> Operation:
+        """Exposes the descriptors' memory for one peer to READ."""
+
+    def create_writable(self, descriptors: Sequence[Descriptor]) -> Operation:
+        """Exposes the descriptors' memory for one peer to WRITE."""
+
+    def begin_read(self, metadata: Metadata, descriptors: Sequence[Descriptor]) -> Operation:
+        """READs the peer's readable memory into the descriptors (posted on return)."""
+
+    def begin_write(self, descriptors: Sequence[Descriptor], metadata: Metadata) -> Operation:
+        """WRITEs the descriptors into the peer's writable memory (posted on return)."""
+
+@final
+class Descriptor:
+    """Memory of a Python object, kept alive while a transfer may touch it."""
+
+    def __new__(cls, data: object) -> Descriptor:
+        """``TypeError`` (`TYPE_ERROR_MESSAGE`) if `data` describes no memory."""
+
+    @property
+    def ptr(self) -> int:
+        """Start address of the memory."""
+
+    @property
+    def size(self) -> int:
+        """Size in bytes."""
+
+    @property
+    def device(self) -> str:
+        """``cpu``, ``cuda:N`` or ``rocm:N``."""
+
+    @property
+    def writable(self) -> bool:
+        """Whether transfers may write into the memory (``False`` for ``bytes``)."""
+
+    @property
+    def read_only_reason(self) -> str | None:
+        """Why the memory is read-only, or ``None``."""
+
+    @property
+    def origin(self) -> str:
+        """What the memory came from (``bytes``, ``array``, ``DLPack``, ...)."""
+
+    @property
+    def is_registered(self) -> bool:
+        """Whether the memory is registered with a connector."""
+
+    @property
+    def in_use(self) -> bool:
+        """Whether an operation holds the memory now."""
+
+    def register(self, connector: Connector) -> None:
+        """Registers with `connector`; ``RuntimeError`` if registered with another."""
+
+    def deregister(self) -> None:
+        """Deregisters (it registers again on its next use)."""
+
+@final
+class Metadata:
+    """Validated ``RdmaMetadata``; made by `from_json` or `Operation.metadata`."""
+
+    @staticmethod
+    def from_json(json: str) -> Metadata:
+        """Parses Dynamo's JSON; ``ValueError`` if invalid or over the bounds."""
+
+    def to_json(self) -> str:
+        """Dynamo's JSON."""
+
+    @property
+    def operation_kind(self) -> int:
+        """1 (the peer READs) or 2 (the peer WRITEs)."""
+
+    @property
+    def notification_key(self) -> str:
+        """The key the peer's notification carries."""
+
+    @property
+    def descriptors(self) -> list[tuple[str, int, int]]:
+        """``(device, ptr, size)`` of each remote descriptor."""
+
+@final
+class Operation:
+    """One of the core's four operations and the descriptors it borrowed."""
+
+    def status(self) -> int:
+        """The status; never blocks."""
+
+    def cancel(self) -> None:
+        """Cancels the operation unless it already ended."""
+
+    def settled(self) -> bool:
+        """Whether a wait would return at once."""
+
+    def finish(self) -> int | None:
+        """The final status once settled (``RuntimeError`` if it failed), else ``None``."""
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Blocks (GIL released) until the end; ``TimeoutError`` after `timeout` s."""
+
+    def spin(self, window: float) -> bool:
+        """Waits at most `window` s for an active operation; whether it settled."""
+
+    def reclaim_now(self) -> None:
+        """Hands the memory back to the descriptors if the operation ended."""
+
+    @property
+    def reclaimed(self) -> bool:
+        """Whether the memory was handed back."""
+
+    def metadata_json(self) -> str | None:
+        """A passive operation's metadata as Dynamo's JSON; ``None`` if active."""
+
+    def metadata(self) -> Metadata | None:
+        """A passive operation's metadata; ``None`` if active."""
+
+    def __len__(self) -> int:
+        """Number of descriptors."""
+
+@final
+class Notifier:
+    """Resolves asyncio futures when operations settle (one per event loop)."""
+
+    def __new__(cls) -> Notifier:
+        """``OSError`` if no eventfd can be made."""
+
+    def fileno(self) -> int:
+        """The eventfd the event loop watches."""
+
+    def arm(self, operation: Operation, future: asyncio.Future[None]) -> int | None:
+        """Resolves `future` once `operation` settles; the token, or ``None`` if
+        it already settled."""
+
+    def disarm(self, token: int) -> None:
+        """Forgets an armed operation."""
+
+    def on_ready(self) -> None:
+        """The loop's reader callback: resolves the settled operations' futures."""
+
+    def __len__(self) -> int:
+        """Number of armed operations."""
