@@ -16,6 +16,7 @@ use pyo3::prelude::*;
 use crate::descriptor::PyDescriptor;
 use crate::error::to_py;
 use crate::fork;
+use crate::log;
 use crate::metadata::PyMetadata;
 use crate::operation::{AnyOp, PyOperation};
 
@@ -70,6 +71,7 @@ fn lend(
     descriptors: &[Py<PyDescriptor>],
     access: Access,
 ) -> PyResult<Vec<Descriptor>> {
+    log::refresh_if_stale(py);
     if descriptors.is_empty() {
         return Err(PyValueError::new_err(
             "Argument `local_descriptors` must not be an empty list.",
@@ -119,6 +121,7 @@ impl PyConnector {
     ) -> PyResult<PyConnector> {
         fork::check()?;
         fork::watch();
+        log::install(py)?;
         let mut faults = None;
         let mut ucx_error_handling_mode = None;
         let inner = match backend {

@@ -22,6 +22,7 @@ mod descriptor;
 mod error;
 mod export;
 mod fork;
+mod log;
 mod memory;
 mod metadata;
 mod notifier;
@@ -39,5 +40,27 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<notifier::Notifier>()?;
     m.add("BACKENDS", connector::BACKENDS.to_vec())?;
     m.add("TYPE_ERROR_MESSAGE", memory::TYPE_ERROR_MESSAGE)?;
+    m.add_function(wrap_pyfunction!(set_nixl_log_level, m)?)?;
     Ok(())
+}
+
+/// Sets NIXL's own log level for the process (`"info"`, `"warning"`,
+/// `"error"`, `"fatal"` or `"off"`), loading the NIXL runtime first.
+#[pyfunction]
+fn set_nixl_log_level(py: Python<'_>, level: &str) -> PyResult<()> {
+    use backend_nixl::LogLevel;
+    let level = match level.to_ascii_lowercase().as_str() {
+        "info" => LogLevel::Info,
+        "warning" | "warn" => LogLevel::Warning,
+        "error" => LogLevel::Error,
+        "fatal" => LogLevel::Fatal,
+        "off" => LogLevel::Off,
+        other => {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "unknown NIXL log level {other:?}: info, warning, error, fatal or off"
+            )));
+        }
+    };
+    py.detach(|| backend_nixl::runtime::set_log_level(level))
+        .map_err(error::to_py)
 }
