@@ -5,7 +5,7 @@
 //! Everything is installed by these functions, once (a stamp file records
 //! what each virtualenv holds; a change recreates it):
 //! - `target/py-tools` (`python3`): maturin, ziglang and auditwheel, which
-//!   build and check the wheel, and mypy;
+//!   build and check the wheel, and mypy; `target/node-tools`: pyright;
 //! - `target/wheels`: the wheel (`cargo xtask wheel`): abi3 for CPython 3.10+,
 //!   linked by zig against glibc 2.28 (manylinux_2_28: RHEL 8, Ubuntu 20.04
 //!   and later), checked with `auditwheel show`; it does not link NIXL;
@@ -35,10 +35,12 @@ const TOOLS: &[&str] = &[
     "maturin>=1.9,<2",
     "ziglang==0.17.1",
     "auditwheel==6.8.2",
-    "mypy==1.19.1",
+    "mypy==2.4.1",
     "pydantic>=2.10.6,<=2.13.5",
     "numpy==2.2.6",
 ];
+/// pyright, from the npm registry (its PyPI wrapper downloads Node.js itself).
+const PYRIGHT: &str = "pyright@1.1.414";
 /// The platform tag the wheel must satisfy (glibc 2.28).
 const MANYLINUX: &str = "manylinux_2_28";
 const DYNAMO_VERSION: &str = "1.6.1";
@@ -373,7 +375,7 @@ pub(crate) fn test(root: &Path) -> bool {
             return false;
         }
     };
-    let mut ok = true;
+    let mut ok = typecheck(root, &wheel);
     for &(minor, nixl) in INTERPRETERS {
         match ensure_venv(root, minor, nixl, &wheel) {
             Ok(Some(venv)) => {
@@ -397,6 +399,55 @@ pub(crate) fn test(root: &Path) -> bool {
         }
     }
     ok
+}
+
+/// `mypy --strict` and pyright on the typed Dynamo-style worker and the
+/// package (configs in `tests/typing`), and mypy's stubtest of the native
+/// module's stubs against the built wheel.
+fn typecheck(root: &Path, wheel: &Path) -> bool {
+    let checked = (|| -> Result<(PathBuf, PathBuf), String> {
+        let tools = ensure_tools(root)?;
+        let node = root.join("target/node-tools");
+        let pyright = node.join("node_modules/.bin/pyright");
+        let stamp = node.join(".complete");
+        if !std::fs::read_to_string(&stamp).is_ok_and(|s| s == PYRIGHT) {
+            run_quiet(
+                Command::new("npm")
+                    .args(["install", "--silent", "--no-audit", "--no-fund", "--prefix"])
+                    .arg(&node)
+                    .arg(PYRIGHT),
+            )
+            .map_err(|e| {
+                format!("{e} (pyright needs Node.js and npm: apt-get install -y nodejs npm)")
+            })?;
+            std::fs::write(&stamp, PYRIGHT)
+                .map_err(|e| format!("write {}: {e}", stamp.display()))?;
+        }
+        run_quiet(
+            crate::pip(&tools, "install")
+                .args(["--no-deps", "--force-reinstall"])
+                .arg(wheel),
+        )?;
+        Ok((tools, pyright))
+    })();
+    let (tools, pyright) = match checked {
+        Ok(paths) => paths,
+        Err(e) => {
+            eprintln!("xtask test (python types): {e}");
+            return false;
+        }
+    };
+    let typing = root.join(PACKAGE_DIR).join("tests/typing");
+    let mut mypy = Command::new(&tools);
+    mypy.args(["-m", "mypy"]);
+    let mut pyright_cmd = Command::new(&pyright);
+    pyright_cmd.arg("--pythonpath").arg(&tools);
+    let mut stubtest = Command::new(&tools);
+    stubtest.args(["-m", "mypy.stubtest", "nixl_connect"]);
+    // stubtest imports the installed package: from outside the source tree.
+    crate::run(&typing, mypy)
+        & crate::run(&typing, pyright_cmd)
+        & crate::run(&root.join("target"), stubtest)
 }
 
 /// `cargo xtask wheel`.
