@@ -41,7 +41,18 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("BACKENDS", connector::BACKENDS.to_vec())?;
     m.add("TYPE_ERROR_MESSAGE", memory::TYPE_ERROR_MESSAGE)?;
     m.add_function(wrap_pyfunction!(set_nixl_log_level, m)?)?;
+    m.add_function(wrap_pyfunction!(nixl_runtime, m)?)?;
     Ok(())
+}
+
+/// Loads the NIXL runtime (looking first in `site_packages`) and returns the
+/// path of its `libnixl_capi.so`; `ImportError` listing every place looked
+/// in, and what to run, if there is none.
+#[pyfunction]
+fn nixl_runtime(py: Python<'_>, site_packages: Vec<std::path::PathBuf>) -> PyResult<String> {
+    py.detach(|| backend_nixl::runtime::load_preferring(&site_packages))
+        .map(|path| path.display().to_string())
+        .map_err(error::to_py)
 }
 
 /// Sets NIXL's own log level for the process (`"info"`, `"warning"`,

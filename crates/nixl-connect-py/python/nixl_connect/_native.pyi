@@ -19,6 +19,7 @@ __all__ = [
     "BACKENDS",
     "TYPE_ERROR_MESSAGE",
     "set_nixl_log_level",
+    "nixl_runtime",
 ]
 
 BACKENDS: Final[list[str]]
@@ -29,6 +30,10 @@ TYPE_ERROR_MESSAGE: Final[str]
 
 def set_nixl_log_level(level: str) -> None:
     """NIXL's own log level: ``"info"``, ``"warning"``, ``"error"``, ``"fatal"``, ``"off"``."""
+
+def nixl_runtime(site_packages: Sequence[str | os.PathLike[str]]) -> str:
+    """Loads the NIXL runtime; the path of its ``libnixl_capi.so``.
+    ``ImportError`` (every place looked in) without one."""
 
 @final
 class Connector:
