@@ -16,12 +16,12 @@ use nixl_sys::{
     RegistrationHandle, ThreadSync, XferDescList, XferOp,
 };
 
+use crate::agent_metadata::{self, AgentMetadata};
+use crate::peers::{Peers, Plan};
 use crate::progress::{Live, Notify, Transfer, Via, WATCH_AT_POST, lock};
 use crate::runtime;
 
 const NAME: &str = "nixl";
-/// Prefix of this crate's two-part agent metadata (see [`MetadataScope::Exposed`]).
-const SCOPED_MAGIC: &[u8; 8] = b"NXRSMD01";
 
 /// What the agent-metadata blob of an exposure describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -233,7 +233,8 @@ impl NixlBackendBuilder {
             scope: self.scope,
             next_id: AtomicU64::new(1),
             regions: Mutex::new(HashMap::new()),
-            connections: Mutex::new(HashMap::new()),
+            peers: Mutex::new(Peers::default()),
+            loading: Mutex::new(()),
             connection_md: Mutex::new(None),
             notifiers: Mutex::new(HashMap::new()),
         })
@@ -296,11 +297,17 @@ pub struct NixlBackend {
     scope: MetadataScope,
     next_id: AtomicU64,
     regions: Mutex<HashMap<u64, Region>>,
-    /// Connection blobs already loaded (scoped metadata), to the peer they name.
-    connections: Mutex<HashMap<Vec<u8>, String>>,
+    /// The peers loaded, what NIXL holds for each and the name it knows each
+    /// by (see [`crate::peers`]).
+    peers: Mutex<Peers>,
+    /// Held across a peer's load or unload, NIXL's calls included: each is
+    /// planned against what NIXL holds, which another would change midway.
+    /// Transfers do not take it.
+    loading: Mutex<()>,
     /// This agent's connection-only metadata, made once.
     connection_md: Mutex<Option<Vec<u8>>>,
-    /// Peers the serving agent was asked to load, so that it sends the
+    /// Peers the serving agent was asked to load, by the name NIXL knows them
+    /// by, so that it sends the
     /// notifications of transfers to them (see [`Live::notifies`]): `Some`
     /// if it did, with whether it has proven its endpoint to the peer
     /// ([`Route`]); `None` if it could not (their transfers then carry their
@@ -476,17 +483,11 @@ impl NixlBackend {
             .get_local_partial_md(&list, None)
             .map_err(|e| nixl_error("get partial metadata", e))?;
         let connection = self.connection_md()?;
-        let mut blob =
-            Vec::with_capacity(SCOPED_MAGIC.len() + 8 + connection.len() + regions.len());
-        blob.extend_from_slice(SCOPED_MAGIC);
-        blob.extend_from_slice(&(connection.len() as u64).to_le_bytes());
-        blob.extend_from_slice(&connection);
-        blob.extend_from_slice(&regions);
-        Ok(blob)
+        Ok(agent_metadata::scoped_blob(&connection, &regions))
     }
 
-    /// Loads `peer` (its metadata, or only its connection info, in `blob`)
-    /// into the serving agent too, so that the serving agent sends the
+    /// Loads `peer` (as `nixl_name`, in `blob`) into the serving agent too,
+    /// so that the serving agent sends the
     /// notifications of transfers to it: once, and again while the serving
     /// agent still proves its endpoint to the peer ([`Route::Proving`]: it
     /// then posts transfers, and needs the peer's regions).
@@ -503,11 +504,11 @@ impl NixlBackend {
     /// If the serving agent cannot load the peer (the peer is this agent
     /// itself, say), the peer's transfers carry their notification, as with
     /// one agent.
-    fn load_notifier(&self, peer: &str, blob: &[u8]) {
+    fn load_notifier(&self, peer: &str, nixl_name: &str, blob: &[u8]) {
         if !self.live.notifies() || peer == self.name {
             return;
         }
-        let first = match lock(&self.notifiers).get(peer) {
+        let first = match lock(&self.notifiers).get(nixl_name) {
             None => true,
             Some(None) => return,
             Some(Some(proven)) if proven.load(Ordering::Acquire) => return,
@@ -515,6 +516,15 @@ impl NixlBackend {
         };
         let loaded = match self.live.agent.load_remote_md(blob) {
             Ok(_) => true,
+            Err(error) if !self.live.agent.check_remote_metadata(nixl_name, None) => {
+                // Not loaded, or erased by NIXL (which may keep its
+                // connection): the name is not used again, and the peer's
+                // transfers carry their notification.
+                tracing::debug!(%peer, %nixl_name, %error, "the serving agent cannot load the peer: its transfers carry their notification");
+                lock(&self.peers).poison(nixl_name);
+                lock(&self.notifiers).insert(nixl_name.to_owned(), None);
+                return;
+            }
             Err(error) if first => {
                 tracing::debug!(%peer, %error, "the serving agent cannot load the peer: its transfers carry their notification");
                 false
@@ -528,58 +538,125 @@ impl NixlBackend {
         };
         // Loads of one peer may race: the agent has it if any load took.
         let mut notifiers = lock(&self.notifiers);
-        let notifier = notifiers.entry(peer.to_owned()).or_insert(None);
+        let notifier = notifiers.entry(nixl_name.to_owned()).or_insert(None);
         if loaded && notifier.is_none() {
             *notifier = Some(Arc::new(AtomicBool::new(false)));
         }
     }
 
-    /// How a transfer to `peer` that notifies it goes out.
-    fn route(&self, peer: &str) -> Route {
-        match lock(&self.notifiers).get(peer) {
+    /// How a transfer to the peer NIXL knows as `nixl_name` that notifies it
+    /// goes out.
+    fn route(&self, nixl_name: &str) -> Route {
+        match lock(&self.notifiers).get(nixl_name) {
             Some(Some(proven)) if proven.load(Ordering::Acquire) => Route::Apart,
             Some(Some(proven)) => Route::Proving(Arc::clone(proven)),
             _ => Route::Attached,
         }
     }
 
-    fn load(&self, blob: &[u8], what: &str) -> Result<String> {
-        self.live.initiating().load_remote_md(blob).map_err(|e| {
-            let context = match nixl_agent_name(blob) {
-                // NIXL refuses new connection info for a name it has loaded.
-                Some(peer) => format!(
-                    "load {what} of peer {peer:?} ({} bytes; refused if another agent of that name is loaded and in use)",
-                    blob.len()
-                ),
-                None => format!(
-                    "load {what} ({} bytes that do not start like NIXL agent metadata)",
-                    blob.len()
-                ),
+    /// The names of this backend's agents, which no peer is loaded under.
+    fn own_names(&self) -> Vec<String> {
+        let mut own = vec![self.name.clone()];
+        if self.live.notifies() {
+            own.push(initiator_name(&self.name));
+        }
+        own
+    }
+
+    /// The name NIXL knows `peer` by.
+    fn nixl_name(&self, peer: &str) -> String {
+        lock(&self.peers).nixl_name(peer).unwrap_or(peer).to_owned()
+    }
+
+    /// Loads `blob`, the metadata of `peer` written under `nixl_name`, into
+    /// the initiating agent.
+    fn load(&self, blob: &[u8], peer: &str, nixl_name: &str) -> Result<()> {
+        let context = || {
+            let alias = if nixl_name == peer {
+                String::new()
+            } else {
+                format!(", as {nixl_name:?}")
             };
-            nixl_error(context, e)
-        })
+            format!(
+                "load remote agent metadata of peer {peer:?} ({} bytes{alias}; refused if another agent of that name is loaded and in use)",
+                blob.len()
+            )
+        };
+        let loaded = self
+            .live
+            .initiating()
+            .load_remote_md(blob)
+            .map_err(|e| nixl_error(context(), e))?;
+        if loaded == nixl_name {
+            Ok(())
+        } else {
+            Err(Error::backend(
+                NAME,
+                context(),
+                format!("NIXL loaded it as {loaded:?}"),
+            ))
+        }
+    }
+
+    /// After the initiating agent refused a blob of `peer` under
+    /// `nixl_name`: if NIXL erased what it held for the peer (and may keep
+    /// its connection, so that the name can never be loaded again), what it
+    /// held is loaded again under a new name, so that the refused blob
+    /// changes nothing.
+    fn refused(&self, peer: &str, nixl_name: &str, own: &[&str]) {
+        if own.contains(&nixl_name)
+            || self
+                .live
+                .initiating()
+                .check_remote_metadata(nixl_name, None)
+        {
+            return;
+        }
+        let (recorded, fresh) = {
+            let mut peers = lock(&self.peers);
+            peers.poison(nixl_name);
+            (peers.recorded(peer), peers.fresh_name(peer, own))
+        };
+        let Some(had) = recorded else {
+            lock(&self.peers).forgotten(peer, None, own);
+            return;
+        };
+        let blob = had.to_blob(&fresh);
+        match self.load(&blob, peer, &fresh) {
+            Ok(()) => {
+                tracing::warn!(%peer, old = %nixl_name, new = %fresh, "NIXL dropped the peer when it refused a blob: loaded what it had again under a new name");
+                lock(&self.peers).renamed(&had, &fresh);
+                self.load_notifier(peer, &fresh, &blob);
+            }
+            Err(error) => {
+                tracing::warn!(%peer, %error, "NIXL dropped the peer when it refused a blob, and refused what it had: the peer is loaded afresh next time");
+                if !self.live.initiating().check_remote_metadata(&fresh, None) {
+                    lock(&self.peers).poison(&fresh);
+                }
+                lock(&self.peers).forgotten(peer, Some(fresh), own);
+            }
+        }
+    }
+
+    /// Unloads the name `nixl_name` from both agents.
+    fn unload_name(&self, nixl_name: &str) -> std::result::Result<(), NixlError> {
+        let notifier = lock(&self.notifiers).remove(nixl_name);
+        if let Some(Some(_)) = notifier
+            && let Err(error) = self.live.agent.invalidate_remote_md(nixl_name)
+        {
+            // The initiating agent's unload below is what the connector
+            // relies on; the serving one only sent notifications.
+            tracing::warn!(%nixl_name, %error, "unloading a peer from the serving agent failed");
+        }
+        self.live.initiating().invalidate_remote_md(nixl_name)
     }
 }
 
-/// The agent name at the head of NIXL's serialized metadata
-/// (`nixlSerDes|Agent`, the name's length as a little-endian u64, the name, `|`).
-fn nixl_agent_name(blob: &[u8]) -> Option<String> {
-    const MAX_NAME: usize = 4096;
-    let rest = blob.strip_prefix(b"nixlSerDes|Agent")?;
-    let (len, rest) = rest.split_first_chunk::<8>()?;
-    let len = usize::try_from(u64::from_le_bytes(*len)).ok()?;
-    if len == 0 || len > MAX_NAME || len >= rest.len() || rest[len] != b'|' {
-        return None;
+fn malformed(error: agent_metadata::Malformed) -> Error {
+    Error::InvalidMetadata {
+        field: "nixl_metadata".into(),
+        reason: error.to_string(),
     }
-    String::from_utf8(rest[..len].to_vec()).ok()
-}
-
-/// Splits a scoped blob into (connection, regions).
-fn split_scoped(blob: &[u8]) -> Option<(&[u8], &[u8])> {
-    let rest = blob.strip_prefix(SCOPED_MAGIC)?;
-    let (len, rest) = rest.split_first_chunk::<8>()?;
-    let len = usize::try_from(u64::from_le_bytes(*len)).ok()?;
-    (len <= rest.len()).then(|| rest.split_at(len))
 }
 
 impl RegistrationBackend for NixlBackend {
@@ -686,57 +763,78 @@ impl RegistrationBackend for NixlBackend {
         false
     }
 
+    /// The blob is checked whole first (see the crate's docs, "Peer
+    /// metadata"): a malformed one is an [`Error::InvalidMetadata`] and NIXL
+    /// never sees it. A well-formed one whose region keys changed, or that
+    /// NIXL refused and dropped the peer for, leaves the peer reachable
+    /// under a new NIXL name.
     fn load_remote(&self, agent_metadata: &[u8]) -> Result<String> {
-        let Some((connection, regions)) = split_scoped(agent_metadata) else {
-            let peer = self.load(agent_metadata, "remote agent metadata")?;
-            self.load_notifier(&peer, agent_metadata);
-            return Ok(peer);
-        };
-        let known = lock(&self.connections).get(connection).cloned();
-        let peer = match known {
-            Some(peer) => peer,
-            None => {
-                let peer = self.load(connection, "remote connection metadata")?;
-                lock(&self.connections).insert(connection.to_vec(), peer.clone());
-                self.load_notifier(&peer, connection);
-                peer
+        let md = AgentMetadata::parse(agent_metadata).map_err(malformed)?;
+        let _loads = lock(&self.loading);
+        let own = self.own_names();
+        let own: Vec<&str> = own.iter().map(String::as_str).collect();
+        let plan = lock(&self.peers)
+            .plan(&md, &own)
+            .map_err(|reason| Error::backend(NAME, format!("load peer {:?}", md.name), reason))?;
+        match plan {
+            Plan::Loaded => {}
+            Plan::Merge { nixl_name } => {
+                let blob = md.to_blob(&nixl_name);
+                if let Err(error) = self.load(&blob, &md.name, &nixl_name) {
+                    self.refused(&md.name, &nixl_name, &own);
+                    return Err(error);
+                }
+                lock(&self.peers).merged(&md, &nixl_name);
+                self.load_notifier(&md.name, &nixl_name, &blob);
             }
-        };
-        if !regions.is_empty() {
-            let named = self.load(regions, "remote region metadata")?;
-            if named != peer {
-                return Err(Error::InvalidMetadata {
-                    field: "nixl_metadata".into(),
-                    reason: format!(
-                        "connection info names {peer:?} but the regions belong to {named:?}"
-                    ),
-                });
+            Plan::Rename { nixl_name, md: all } => {
+                tracing::info!(peer = %md.name, %nixl_name, "the peer changed the key of a region NIXL holds: loading it under a new name");
+                let blob = all.to_blob(&nixl_name);
+                if let Err(error) = self.load(&blob, &md.name, &nixl_name) {
+                    // The peer's old name is untouched; the new one is not
+                    // used again if NIXL may have kept a connection for it.
+                    if !self
+                        .live
+                        .initiating()
+                        .check_remote_metadata(&nixl_name, None)
+                    {
+                        lock(&self.peers).poison(&nixl_name);
+                    }
+                    return Err(error);
+                }
+                lock(&self.peers).renamed(&all, &nixl_name);
+                self.load_notifier(&md.name, &nixl_name, &blob);
             }
-            self.load_notifier(&peer, regions);
         }
-        Ok(peer)
+        Ok(md.name)
     }
 
+    /// The name a well-formed blob gives; `None` for a malformed one, which
+    /// names nobody.
     fn peer_name(&self, agent_metadata: &[u8]) -> Option<String> {
-        let blob =
-            split_scoped(agent_metadata).map_or(agent_metadata, |(connection, _)| connection);
-        nixl_agent_name(blob)
+        AgentMetadata::parse(agent_metadata).ok().map(|md| md.name)
     }
 
+    /// Unloads every name NIXL knows the peer by (its earlier ones too).
     fn unload_remote(&self, peer: &str) -> Result<()> {
-        lock(&self.connections).retain(|_, name| name != peer);
-        let notifier = lock(&self.notifiers).remove(peer);
-        if let Some(Some(_)) = notifier
-            && let Err(error) = self.live.agent.invalidate_remote_md(peer)
-        {
-            // The initiating agent's unload below is what the connector
-            // relies on; the serving one only sent notifications.
-            tracing::warn!(%peer, %error, "unloading a peer from the serving agent failed");
+        let _loads = lock(&self.loading);
+        let context = || format!("unload peer {peer:?}");
+        let Some(names) = lock(&self.peers).remove(peer) else {
+            // Never loaded here: as NIXL sees it.
+            return self.unload_name(peer).map_err(|e| nixl_error(context(), e));
+        };
+        for stale in &names.stale {
+            // Names NIXL dropped, or never took, are unknown to nixl-sys.
+            if let Err(error) = self.unload_name(stale) {
+                tracing::debug!(%peer, %stale, %error, "an earlier name of the peer was not loaded");
+            }
         }
-        self.live
-            .initiating()
-            .invalidate_remote_md(peer)
-            .map_err(|e| nixl_error(format!("unload peer {peer:?}"), e))
+        match names.current {
+            Some(current) => self
+                .unload_name(&current)
+                .map_err(|e| nixl_error(context(), e)),
+            None => Ok(()),
+        }
     }
 
     unsafe fn post(&self, request: &TransferRequest<'_>) -> Result<Posted> {
@@ -754,9 +852,10 @@ impl RegistrationBackend for NixlBackend {
         let local = xfer_list(request.local, Side::Local)?;
         let remote = xfer_list(request.remote, Side::Remote)?;
         let mut args = OptArgs::new().map_err(|e| nixl_error(context(), e))?;
+        let nixl_peer = self.nixl_name(request.peer);
         // Which agent posts, whether NIXL carries the notification, and the
         // notification the serving agent sends apart.
-        let (mut via, attached, notify) = match request.notify.then(|| self.route(request.peer)) {
+        let (mut via, attached, notify) = match request.notify.then(|| self.route(&nixl_peer)) {
             None => (Via::Initiating, false, None),
             Some(Route::Attached) => (Via::Initiating, true, None),
             Some(Route::Proving(proves)) => (Via::Serving { proves }, true, None),
@@ -764,7 +863,7 @@ impl RegistrationBackend for NixlBackend {
                 Via::Initiating,
                 false,
                 Some(Notify {
-                    peer: request.peer.to_owned(),
+                    peer: nixl_peer.clone(),
                     payload: request.notification.into(),
                 }),
             ),
@@ -775,7 +874,7 @@ impl RegistrationBackend for NixlBackend {
                 .map_err(|e| nixl_error(context(), e))?;
         }
         let create =
-            |agent: &Agent| agent.create_xfer_req(op, &local, &remote, request.peer, Some(&args));
+            |agent: &Agent| agent.create_xfer_req(op, &local, &remote, &nixl_peer, Some(&args));
         let mut created = create(self.live.posting(&via));
         if let (Via::Serving { .. }, Err(error)) = (&via, &created) {
             // The serving agent lacks some of the peer's regions (a load
@@ -981,38 +1080,6 @@ mod tests {
             "peer",
         );
         assert_eq!(mode_of(raw).as_deref(), Some("peer"));
-    }
-
-    #[test]
-    fn scoped_blob_splits_back_into_its_parts() {
-        let mut blob = SCOPED_MAGIC.to_vec();
-        blob.extend_from_slice(&3u64.to_le_bytes());
-        blob.extend_from_slice(b"abcregions");
-        assert_eq!(split_scoped(&blob), Some((&b"abc"[..], &b"regions"[..])));
-        assert_eq!(split_scoped(b"plain nixl metadata"), None);
-        let mut truncated = SCOPED_MAGIC.to_vec();
-        truncated.extend_from_slice(&99u64.to_le_bytes());
-        assert_eq!(split_scoped(&truncated), None);
-    }
-
-    #[test]
-    fn the_agent_name_is_read_from_nixl_metadata() {
-        let mut blob = b"nixlSerDes|Agent".to_vec();
-        blob.extend_from_slice(&8u64.to_le_bytes());
-        blob.extend_from_slice(b"worker-7|Conns....");
-        assert_eq!(nixl_agent_name(&blob).as_deref(), Some("worker-7"));
-        let mut scoped = SCOPED_MAGIC.to_vec();
-        scoped.extend_from_slice(&(blob.len() as u64).to_le_bytes());
-        scoped.extend_from_slice(&blob);
-        scoped.extend_from_slice(b"regions");
-        let (connection, _) = split_scoped(&scoped).unwrap();
-        assert_eq!(nixl_agent_name(connection).as_deref(), Some("worker-7"));
-        // Truncated, oversized, or without the separator: no name.
-        assert_eq!(nixl_agent_name(&blob[..30]), None);
-        let mut huge = b"nixlSerDes|Agent".to_vec();
-        huge.extend_from_slice(&u64::MAX.to_le_bytes());
-        assert_eq!(nixl_agent_name(&huge), None);
-        assert_eq!(nixl_agent_name(b"garbage"), None);
     }
 
     #[test]

@@ -29,7 +29,30 @@
 //! connector never frees memory a peer that was given its metadata might still
 //! write: a passive operation dropped before its peer finished leaks its buffers.
 
+//! # Peer metadata
+//!
+//! A peer's agent blob is read whole and checked against the format NIXL
+//! 1.5.1 writes before NIXL sees it ([`load_remote`] refuses anything else
+//! with [`Error::InvalidMetadata`](descriptor_core::Error), nothing loaded):
+//! NIXL trusts every length in it, nixl-sys panics on a name that is not
+//! UTF-8, and UCX unpacks a region's remote key without its length. A blob of
+//! the right form that NIXL still refuses in its region section makes NIXL
+//! 1.5.1 drop the peer but keep its UCX connection, after which that name can
+//! never be loaded again; such a peer (one that re-registered memory at the
+//! same address, with a new key, say) is loaded under a new name that only
+//! this backend sees, with what NIXL held for it, so that it stays reachable.
+//!
+//! What is not checked: the contents of a UCX worker address (connection
+//! info) and of a UCX transport key, which UCX parses without lengths and
+//! trusts. A peer that can hand this backend metadata can crash the process
+//! through them (fuzzing did, in UCX's TCP transport), as it can with NIXL
+//! itself: load metadata only from peers you would let write your memory.
+//!
+//! [`load_remote`]: descriptor_core::RegistrationBackend::load_remote
+
+mod agent_metadata;
 mod backend;
+mod peers;
 mod progress;
 pub mod runtime;
 

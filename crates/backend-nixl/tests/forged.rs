@@ -56,33 +56,61 @@ fn ranges_outside_the_exposed_regions_are_refused_and_nothing_is_written() {
     }
 }
 
+/// A blob broken anywhere (every truncation of a real one, garbage, bytes
+/// after its end) is `InvalidMetadata` before NIXL sees it: nothing is
+/// loaded, and the peer it came from is served as before.
 #[test]
-fn garbage_agent_metadata_is_an_error_not_a_crash() {
+fn garbage_agent_metadata_is_refused_before_nixl_sees_it() {
     if !runtime_available() {
         return;
     }
-    let h = Nixl::new(MetadataScope::Agent);
-    let (server, client) = (
-        Connector::new(h.backend("server")),
-        Connector::new(h.backend("client")),
-    );
-    let readable = server.create_readable(filled(5, 64)).unwrap();
-    let meta = readable.metadata();
-    for blob in [
-        b"not nixl metadata".to_vec(),
-        meta.agent_metadata()[..meta.agent_metadata().len() / 2].to_vec(),
-        vec![0xff; 4096],
-    ] {
-        let garbage = RdmaMetadata::new(
-            OperationKind::Read,
-            meta.descriptors().to_vec(),
-            blob,
-            meta.notification_key().into(),
-        )
-        .unwrap();
-        assert_refused(client.begin_read(&garbage, zeroed(64)));
+    for scope in [MetadataScope::Agent, MetadataScope::Exposed] {
+        let h = Nixl::new(scope);
+        let (server, client) = (
+            Connector::new(h.backend("server")),
+            Connector::new(h.backend("client")),
+        );
+        let readable = server.create_readable(filled(5, 64)).unwrap();
+        let meta = readable.metadata();
+        let real = meta.agent_metadata();
+        // A two-part blob cut right after its first part is a well-formed
+        // connection-only blob, not garbage.
+        let first_part = (scope == MetadataScope::Exposed).then(|| {
+            let len = u64::from_le_bytes(real[8..16].try_into().unwrap());
+            16 + usize::try_from(len).unwrap()
+        });
+        let mut longer = real.to_vec();
+        longer.push(b'|');
+        let garbage = (1..real.len())
+            .filter(|cut| Some(*cut) != first_part)
+            .map(|cut| real[..cut].to_vec())
+            .chain([b"not nixl metadata".to_vec(), vec![0xff; 4096], longer]);
+        for blob in garbage {
+            let forged = RdmaMetadata::new(
+                OperationKind::Read,
+                meta.descriptors().to_vec(),
+                blob.clone(),
+                meta.notification_key().into(),
+            )
+            .unwrap();
+            match client.begin_read(&forged, zeroed(64)) {
+                Err(Error::InvalidMetadata { field, .. }) => assert_eq!(field, "nixl_metadata"),
+                other => panic!(
+                    "{scope:?}, {} of {} bytes: {other:?}",
+                    blob.len(),
+                    real.len()
+                ),
+            }
+        }
+        assert_eq!(client.remote_agent_count(), 0);
+        let read = client.begin_read(meta, zeroed(64)).unwrap();
+        read.wait_timeout(WAIT).unwrap();
+        readable.wait_timeout(WAIT).unwrap();
+        assert_eq!(
+            read.into_descriptors().unwrap()[0].as_slice().unwrap(),
+            pattern(5, 64).as_slice()
+        );
     }
-    assert_eq!(client.remote_agent_count(), 0);
 }
 
 #[test]
