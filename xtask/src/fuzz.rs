@@ -1,5 +1,7 @@
 //! `cargo xtask fuzz`: libFuzzer (through cargo-fuzz) on the parsers of
-//! untrusted input, on the stable toolchain.
+//! untrusted input, on the stable toolchain, and on the NIXL backend's load
+//! path with live agents (`nixl_load`: the NIXL runtime is provisioned for it,
+//! as for the tests).
 //!
 //! cargo-fuzz needs unstable compiler flags (`-Zsanitizer`); the machine has only
 //! stable Rust, so the build runs with `RUSTC_BOOTSTRAP=1`, which lets stable
@@ -10,7 +12,10 @@ use std::process::Command;
 
 use crate::{cargo, run};
 
-const TARGETS: &[&str] = &["metadata", "agent_metadata", "device"];
+const TARGETS: &[&str] = &["metadata", "agent_metadata", "device", "nixl_load"];
+/// Targets that run NIXL: built with the fuzz crate's `nixl` feature, run
+/// with `NIXL_RUNTIME_DIR` set.
+const NIXL_TARGETS: &[&str] = &["nixl_load"];
 
 fn ensure_cargo_fuzz() -> Result<(), String> {
     let present = cargo()
@@ -42,15 +47,27 @@ pub(crate) fn run_targets(root: &Path, seconds: u64) -> Result<(), u8> {
     }
     let mut ok = true;
     for target in TARGETS {
+        let nixl = NIXL_TARGETS.contains(target);
         let mut cmd: Command = cargo();
-        cmd.args([
-            "fuzz",
-            "run",
-            target,
-            "--",
-            &format!("-max_total_time={seconds}"),
-        ])
-        .env("RUSTC_BOOTSTRAP", "1");
+        cmd.args(["fuzz", "run"]);
+        if nixl {
+            let runtime = crate::nixl::provision(root, "fuzz")?;
+            cmd.args(["--features", "nixl"])
+                .env("NIXL_RUNTIME_DIR", runtime.root)
+                // UCX logs every blob it refuses; the crashes are what counts.
+                .env("UCX_LOG_LEVEL", "fatal");
+        }
+        cmd.args([*target, "--"])
+            .arg(format!("-max_total_time={seconds}"));
+        if nixl {
+            // The connector leaks, by design, the buffers of a transfer it
+            // dropped unfinished, and NIXL and UCX keep what their agents
+            // need (the target's agents live until the process exits): not
+            // leaks to report, neither per run nor at exit.
+            cmd.arg("-detect_leaks=0")
+                .env("ASAN_OPTIONS", "detect_leaks=0");
+        }
+        cmd.env("RUSTC_BOOTSTRAP", "1");
         ok &= run(&root.join("fuzz"), cmd);
     }
     if ok { Ok(()) } else { Err(1) }
