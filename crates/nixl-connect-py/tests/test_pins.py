@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import nixl_connect as nc
-from conftest import run
+from conftest import ArrayInterfaceOnly, DLPackOnly, run
 
 
 def loopback_pair():
@@ -116,16 +116,6 @@ def test_a_read_only_buffer_is_described_read_only():
 
 
 def test_a_dlpack_capsule_is_out_of_reach():
-    class DLPackOnly:
-        def __init__(self, a):
-            self._a = a
-
-        def __dlpack__(self, *args, **kwargs):
-            return self._a.__dlpack__(*args, **kwargs)
-
-        def __dlpack_device__(self):
-            return self._a.__dlpack_device__()
-
     src = DLPackOnly(np.arange(64, dtype=np.uint8))
     d = nc.Descriptor(src)
     assert d.size == 64
@@ -254,11 +244,6 @@ def test_a_huge_timeout_waits_and_bad_timeouts_are_value_errors():
 
 
 def test_a_unicode_array_interface_counts_bytes():
-    class ArrayInterfaceOnly:
-        def __init__(self, a):
-            self._a = a
-            self.__array_interface__ = a.__array_interface__
-
     u = np.array(["abcd"] * 4, dtype="U4")
     assert nc.Descriptor((ArrayInterfaceOnly(u), "cpu")).size == u.nbytes == 64
     assert nc.Descriptor((u, "cpu")).size == u.nbytes
