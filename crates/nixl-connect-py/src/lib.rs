@@ -40,6 +40,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<notifier::Notifier>()?;
     m.add("BACKENDS", connector::BACKENDS.to_vec())?;
     m.add("TYPE_ERROR_MESSAGE", memory::TYPE_ERROR_MESSAGE)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(set_nixl_log_level, m)?)?;
     m.add_function(wrap_pyfunction!(nixl_runtime, m)?)?;
     Ok(())

@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import nixl_connect as nc
 from conftest import NIXL_MISSING
 
 
@@ -18,7 +19,8 @@ def run_main(*args):
 def test_the_report_names_the_version_the_runtime_cuda_and_the_self_tests():
     child = run_main()
     out = child.stdout
-    assert out.startswith("nixl_connect 0.1.0 (Python "), out
+    assert out.startswith(f"nixl_connect {nc.__version__} (Python "), out
+    assert nc.__version__ == "0.1.0"
     assert "CUDA: " in out
     assert "self-test (loopback): 1 MiB READ, bytes checked: " in out and " GB/s " in out, out
     if NIXL_MISSING:

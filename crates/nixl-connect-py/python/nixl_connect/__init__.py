@@ -65,6 +65,9 @@ __all__ = [
     "WriteOperation",
 ]
 
+__version__: str = _native.__version__
+"""The package's version."""
+
 logger = logging.getLogger(__name__)
 # The library's own records (the native module's `tracing` events) go to this
 # logger too; like any library's, they show only where the application

@@ -91,7 +91,7 @@ def _self_test(backend: str) -> str:
 
 def report() -> int:
     ok = True
-    print(f"nixl_connect {_version('nixl_connect') or 'unknown'} (Python {sys.version.split()[0]}, {sys.executable})")
+    print(f"nixl_connect {nc.__version__} (Python {sys.version.split()[0]}, {sys.executable})")
     try:
         library = Path(_native.nixl_runtime(nc._search_paths()))
         plugins = sorted(p.name[len("libplugin_"):-3] for p in (library.parent / "plugins").glob("libplugin_*.so"))

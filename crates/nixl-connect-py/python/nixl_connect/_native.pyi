@@ -20,10 +20,14 @@ __all__ = [
     "TYPE_ERROR_MESSAGE",
     "set_nixl_log_level",
     "nixl_runtime",
+    "__version__",
 ]
 
 BACKENDS: Final[list[str]]
 """Backends a `Connector` can be built over: ``"nixl"``, ``"loopback"``."""
+
+__version__: Final[str]
+"""The package's version (the crate's)."""
 
 TYPE_ERROR_MESSAGE: Final[str]
 """The ``TypeError`` message for a `Descriptor` source it cannot read."""
