@@ -12,6 +12,9 @@ xflags::xflags! {
             repeated step: String
             /// The long load runs too: 16 x 10,000 loopback operations, 1 GiB kill tests.
             optional --long
+            /// The development loop instead: fmt, clippy, unit tests, loopback
+            /// conformance, the Python suite on loopback (3.11). CI runs the full set.
+            optional --quick
         }
         /// Move KV-cache-like blocks both ways and report bandwidth (release build).
         cmd demo {

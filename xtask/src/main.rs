@@ -113,6 +113,7 @@ fn main() -> ExitCode {
     };
     let root = ws.root.as_path();
     let result = match command {
+        flags::XtaskCmd::Test(args) if args.quick => quick(&ws),
         flags::XtaskCmd::Test(args) => test(&ws, args.long, &args.step),
         flags::XtaskCmd::Demo(args) => demo(root, &args),
         flags::XtaskCmd::Bench(args) => match args.validate() {
@@ -370,6 +371,45 @@ fn run_digested(root: &Path, mut cmd: Command) -> (bool, Vec<String>) {
     (ok, digest)
 }
 
+/// `cargo xtask test --quick`: what a change is checked with before the full
+/// run, a few minutes warm. No NIXL runtime is needed.
+fn quick(ws: &Workspace) -> Result<(), u8> {
+    let root = ws.root.as_path();
+    let mut steps = Steps {
+        root,
+        chosen: &[],
+        done: Vec::new(),
+    };
+    let mut fmt = cargo();
+    fmt.args(["fmt", "--all", "--", "--check"]);
+    steps.run("rustfmt --check", fmt);
+    let mut clippy = cargo();
+    clippy.args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--all-features",
+        "--",
+        "-D",
+        "warnings",
+    ]);
+    steps.run("clippy -D warnings", clippy);
+    let mut unit = cargo();
+    unit.args(["test", "--workspace", "--all-features", "--lib"]);
+    steps.run("unit tests", unit);
+    let mut loopback = cargo();
+    loopback.args([
+        "test",
+        "-p",
+        "backend-loopback",
+        "--all-features",
+        "--tests",
+    ]);
+    steps.run("loopback conformance and tests", loopback);
+    steps.time("python: wheel, pytest on loopback (3.11)", python::quick);
+    summary(steps.done)
+}
+
 fn test(ws: &Workspace, long: bool, chosen: &[String]) -> Result<(), u8> {
     let root = ws.root.as_path();
     for (sub, component) in [("fmt", "rustfmt"), ("clippy", "clippy")] {
@@ -568,6 +608,11 @@ fn test(ws: &Workspace, long: bool, chosen: &[String]) -> Result<(), u8> {
         eprintln!("xtask test: no step's name starts with {chosen:?}");
         return Err(2);
     }
+    summary(steps)
+}
+
+/// Prints each step's outcome and time, and what failed steps said.
+fn summary(steps: Vec<Step>) -> Result<(), u8> {
     println!("\n== cargo xtask test: summary ==");
     for s in &steps {
         println!(

@@ -450,6 +450,38 @@ fn typecheck(root: &Path, wheel: &Path) -> bool {
         & crate::run(&root.join("target"), stubtest)
 }
 
+/// `cargo xtask test --quick`'s Python step: the wheel, then the suite in
+/// the 3.11 virtualenv on loopback only.
+pub(crate) fn quick(root: &Path) -> bool {
+    let venv = build_wheel(root).and_then(|wheel| ensure_venv(root, "3.11", true, &wheel));
+    let venv = match venv {
+        Ok(Some(venv)) => venv,
+        Ok(None) => {
+            eprintln!("xtask test --quick (python): no CPython 3.11 here");
+            return false;
+        }
+        Err(e) => {
+            eprintln!("xtask test --quick (python): {e}");
+            return false;
+        }
+    };
+    let mut cmd = Command::new(&venv.python);
+    cmd.args([
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-k",
+        "not nixl",
+    ])
+    .arg(root.join(PACKAGE_DIR).join("tests"))
+    .envs(test_env(&venv))
+    .env_remove("NIXL_TESTS_REQUIRED")
+    .env_remove("VIRTUAL_ENV");
+    crate::run(root, cmd)
+}
+
 /// `cargo xtask wheel`.
 pub(crate) fn wheel(root: &Path) -> Result<(), u8> {
     match build_wheel(root) {
