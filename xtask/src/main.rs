@@ -297,6 +297,32 @@ impl Steps<'_> {
     fn run(&mut self, name: &'static str, cmd: Command) {
         self.timed(name, |root| run_digested(root, cmd));
     }
+
+    /// `cargo fmt --check` and `clippy -D warnings` (both steps of every run);
+    /// Err if rustfmt or clippy is missing and cannot be installed.
+    fn lint(&mut self) -> Result<(), u8> {
+        for (sub, component) in [("fmt", "rustfmt"), ("clippy", "clippy")] {
+            if let Err(e) = ensure_component(sub, component) {
+                eprintln!("xtask test: {e}");
+                return Err(1);
+            }
+        }
+        let mut fmt = cargo();
+        fmt.args(["fmt", "--all", "--", "--check"]);
+        self.run("rustfmt --check", fmt);
+        let mut clippy = cargo();
+        clippy.args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--all-features",
+            "--",
+            "-D",
+            "warnings",
+        ]);
+        self.run("clippy -D warnings", clippy);
+        Ok(())
+    }
 }
 
 /// Lines of a failed step's output worth repeating in the summary: which tests
@@ -380,20 +406,7 @@ fn quick(ws: &Workspace) -> Result<(), u8> {
         chosen: &[],
         done: Vec::new(),
     };
-    let mut fmt = cargo();
-    fmt.args(["fmt", "--all", "--", "--check"]);
-    steps.run("rustfmt --check", fmt);
-    let mut clippy = cargo();
-    clippy.args([
-        "clippy",
-        "--workspace",
-        "--all-targets",
-        "--all-features",
-        "--",
-        "-D",
-        "warnings",
-    ]);
-    steps.run("clippy -D warnings", clippy);
+    steps.lint()?;
     let mut unit = cargo();
     unit.args(["test", "--workspace", "--all-features", "--lib"]);
     steps.run("unit tests", unit);
@@ -412,12 +425,6 @@ fn quick(ws: &Workspace) -> Result<(), u8> {
 
 fn test(ws: &Workspace, long: bool, chosen: &[String]) -> Result<(), u8> {
     let root = ws.root.as_path();
-    for (sub, component) in [("fmt", "rustfmt"), ("clippy", "clippy")] {
-        if let Err(e) = ensure_component(sub, component) {
-            eprintln!("xtask test: {e}");
-            return Err(1);
-        }
-    }
     let runtime = nixl::provision(root, "test")?;
     let venv = nixl::ensure_test_venv(root).map_err(|e| {
         eprintln!("xtask test: {e}");
@@ -437,21 +444,7 @@ fn test(ws: &Workspace, long: bool, chosen: &[String]) -> Result<(), u8> {
         done: Vec::new(),
     };
 
-    let mut fmt = cargo();
-    fmt.args(["fmt", "--all", "--", "--check"]);
-    steps.run("rustfmt --check", fmt);
-
-    let mut clippy = cargo();
-    clippy.args([
-        "clippy",
-        "--workspace",
-        "--all-targets",
-        "--all-features",
-        "--",
-        "-D",
-        "warnings",
-    ]);
-    steps.run("clippy -D warnings", clippy);
+    steps.lint()?;
 
     // Every member with no default features and with each feature alone
     // (crossbeam's check-features.sh, as a loop over cargo metadata).
