@@ -450,7 +450,9 @@ impl RegistrationBackend for LoopbackBackend {
         if blob.fabric != self.fabric.inner.id {
             return Err(Self::denied(
                 blob.agent_name,
-                "the metadata comes from another fabric".into(),
+                "the metadata comes from another fabric (or another process: loopback \
+                 reaches connectors in this process only; use NIXL across processes)"
+                    .into(),
             ));
         }
         let peer = self
@@ -460,7 +462,10 @@ impl RegistrationBackend for LoopbackBackend {
             .ok_or_else(|| {
                 Self::denied(
                     blob.agent_name,
-                    "no such agent on the fabric (vanished?)".into(),
+                    "no such agent on this process's loopback fabric: it vanished, or the \
+                     metadata came from another process (loopback reaches connectors in this \
+                     process only; use NIXL across processes)"
+                        .into(),
                 )
             })?;
         let mut loaded = lock(&self.agent.loaded);

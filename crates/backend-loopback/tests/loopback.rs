@@ -218,10 +218,37 @@ fn metadata_from_another_fabric_is_refused() {
     let (stranger, _) = connector(&Fabric::new(), "stranger");
     let readable = server.create_readable(filled(7, 64)).unwrap();
     match stranger.begin_read(readable.metadata(), zeroed(64)) {
-        Err(Error::AccessDenied { reason, .. }) => assert!(reason.contains("another fabric")),
+        Err(Error::AccessDenied { reason, .. }) => assert_eq!(
+            reason,
+            "the metadata comes from another fabric (or another process: loopback reaches \
+             connectors in this process only; use NIXL across processes)"
+        ),
         other => panic!("{other:?}"),
     }
     assert_eq!(stranger.remote_agent_count(), 0);
+}
+
+#[test]
+fn metadata_of_an_agent_no_longer_here_says_loopback_is_this_process_only() {
+    // What metadata from another process looks like: a blob of this fabric
+    // (ids are per process) naming no live agent here.
+    let (_f, server, client, _) = pair();
+    let readable = server.create_readable(filled(7, 64)).unwrap();
+    let metadata = readable.metadata().clone();
+    drop(readable);
+    drop(server);
+    match client.begin_read(&metadata, zeroed(64)) {
+        Err(Error::AccessDenied { peer, reason, .. }) => {
+            assert_eq!(peer, "server");
+            assert_eq!(
+                reason,
+                "no such agent on this process's loopback fabric: it vanished, or the metadata \
+                 came from another process (loopback reaches connectors in this process only; \
+                 use NIXL across processes)"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]

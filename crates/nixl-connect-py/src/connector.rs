@@ -9,7 +9,7 @@ use std::time::Duration;
 use backend_loopback::{Fabric, LoopbackBackend};
 use backend_nixl::NixlBackend;
 use descriptor_core::faults::{Faults, Faulty};
-use descriptor_core::{Connector, Descriptor};
+use descriptor_core::{Connector, Descriptor, RegistrationBackend};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
@@ -32,6 +32,8 @@ pub(crate) struct PyConnector {
     faults: Option<Faults>,
     /// NIXL's UCX error handling mode, as the agent reported it (NIXL only).
     ucx_error_handling_mode: Option<String>,
+    /// The backend's `RegistrationBackend::wait_assist`.
+    wait_assist: Duration,
 }
 
 impl Drop for PyConnector {
@@ -124,11 +126,13 @@ impl PyConnector {
         log::install(py)?;
         let mut faults = None;
         let mut ucx_error_handling_mode = None;
+        let wait_assist;
         let inner = match backend {
             "loopback" => {
                 let backend = LoopbackBackend::new(&Fabric::global(), name).map_err(to_py)?;
                 let backend = Faulty::new(backend);
                 faults = Some(backend.faults());
+                wait_assist = backend.wait_assist();
                 Connector::new(backend)
             }
             "nixl" => {
@@ -146,6 +150,7 @@ impl PyConnector {
                     .into_iter()
                     .flatten()
                     .find_map(|(key, value)| (key == "ucx_error_handling_mode").then_some(value));
+                wait_assist = backend.wait_assist();
                 Connector::new(backend)
             }
             other => {
@@ -159,7 +164,17 @@ impl PyConnector {
             inner: ManuallyDrop::new(inner),
             faults,
             ucx_error_handling_mode,
+            wait_assist,
         })
+    }
+
+    /// Seconds a thread blocked on an active operation polls its transfer
+    /// before it sleeps: the backend's transport policy
+    /// (`RegistrationBackend::wait_assist`), which `nixl_connect.Connector`'s
+    /// `await_spin` defaults to (capped).
+    #[getter]
+    fn wait_assist(&self) -> f64 {
+        self.wait_assist.as_secs_f64()
     }
 
     /// Testing hook: NIXL's UCX error handling mode as the agent reports it

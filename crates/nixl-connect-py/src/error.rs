@@ -4,11 +4,23 @@ use descriptor_core::Error;
 use pyo3::PyErr;
 use pyo3::exceptions::{PyImportError, PyRuntimeError, PyTimeoutError, PyValueError};
 
+use crate::runtime;
+
 /// Maps an error of the Rust API to the exception a Dynamo caller expects:
 /// bad arguments are `ValueError`, a wrong kind of metadata and failed
 /// transfers `RuntimeError`, a missing NIXL runtime `ImportError` (Dynamo's
-/// deferred import error), a wait that gave up `TimeoutError`.
+/// deferred import error, the fix first: `runtime`), a wait that gave up
+/// `TimeoutError`.
 pub(crate) fn to_py(error: Error) -> PyErr {
+    if let Error::BackendUnavailable {
+        backend: "nixl",
+        tried,
+        hint,
+        ..
+    } = &error
+    {
+        return PyImportError::new_err(runtime::missing_runtime_message(tried, hint.as_deref()));
+    }
     let message = error.to_string();
     match error {
         Error::InvalidDevice { .. }

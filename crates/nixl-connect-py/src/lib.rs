@@ -19,6 +19,7 @@
 
 mod connector;
 mod descriptor;
+mod device;
 mod error;
 mod export;
 mod fork;
@@ -27,6 +28,7 @@ mod memory;
 mod metadata;
 mod notifier;
 mod operation;
+mod runtime;
 
 use pyo3::prelude::*;
 
@@ -41,6 +43,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("BACKENDS", connector::BACKENDS.to_vec())?;
     m.add("TYPE_ERROR_MESSAGE", memory::TYPE_ERROR_MESSAGE)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("DEVICE_FORMS", device::DEVICE_FORMS)?;
+    m.add_function(wrap_pyfunction!(device::parse_device, m)?)?;
     m.add_function(wrap_pyfunction!(set_nixl_log_level, m)?)?;
     m.add_function(wrap_pyfunction!(nixl_runtime, m)?)?;
     Ok(())

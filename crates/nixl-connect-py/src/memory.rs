@@ -162,9 +162,7 @@ pub(crate) fn parse_device(device: &Bound<'_, PyAny>) -> PyResult<Device> {
             "Argument `device` must be a `dynamo.nixl_connect.Device` or a `str`.",
         ));
     };
-    text.trim()
-        .parse::<Device>()
-        .map_err(|e| value_error(e.to_string()))
+    crate::device::parse(&text)
 }
 
 fn is_device_like(obj: &Bound<'_, PyAny>) -> PyResult<bool> {

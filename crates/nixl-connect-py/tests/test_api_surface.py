@@ -62,7 +62,9 @@ def test_connector_properties():
 
 def test_await_spin_is_checked(monkeypatch):
     monkeypatch.delenv("NIXL_CONNECT_AWAIT_SPIN", raising=False)
-    assert nc.Connector(backend="loopback").await_spin == nc.DEFAULT_AWAIT_SPIN == 100e-6
+    # The default is the backend's wait_assist (loopback's: none), capped.
+    loopback = nc.Connector(backend="loopback")
+    assert loopback.await_spin == loopback._connection().wait_assist == 0.0
     assert nc.Connector(backend="loopback", await_spin=0).await_spin == 0.0
     assert nc.Connector(backend="loopback", await_spin=0.001).await_spin == 0.001
     for bad in (-1e-6, float("nan"), float("inf"), 0.5):
@@ -95,6 +97,21 @@ def test_peer_failure_detection_default_comes_from_the_environment(monkeypatch):
         monkeypatch.setenv("NIXL_CONNECT_PEER_FAILURE_DETECTION", bad)
         with pytest.raises(ValueError, match="NIXL_CONNECT_PEER_FAILURE_DETECTION"):
             nc.Connector(backend="loopback")
+
+
+def test_nixl_await_spin_default_is_its_wait_assist_capped(monkeypatch):
+    from conftest import require_backend
+
+    require_backend("nixl")
+    monkeypatch.delenv("NIXL_CONNECT_AWAIT_SPIN", raising=False)
+    c = nc.Connector(backend="nixl")
+    # NIXL's waiter polls for 200 us; an await holds the loop for at most 100.
+    assert c._connection().wait_assist == 200e-6
+    assert c.await_spin == nc.AWAIT_SPIN_CAP == 100e-6
+    # A number, or the environment, overrides it.
+    assert nc.Connector(backend="nixl", await_spin=3e-4).await_spin == 3e-4
+    monkeypatch.setenv("NIXL_CONNECT_AWAIT_SPIN", "5e-5")
+    assert nc.Connector(backend="nixl").await_spin == 5e-5
 
 
 def test_await_spin_default_comes_from_the_environment(monkeypatch):

@@ -25,8 +25,8 @@ def test_the_report_names_the_version_the_runtime_cuda_and_the_self_tests():
     assert "self-test (loopback): 1 MiB READ, bytes checked: " in out and " GB/s " in out, out
     if NIXL_MISSING:
         assert child.returncode == 1, out + child.stderr
-        assert "NIXL runtime: missing" in out and "tried:" in out, out
-        assert "python -m nixl_connect install-runtime" in out
+        assert "NIXL runtime: missing\n  NIXL runtime (libnixl_capi.so) not found. To fix: " in out, out
+        assert "python -m nixl_connect install-runtime" in out and "\n  Searched (" in out, out
     else:
         assert child.returncode == 0, out + child.stderr
         assert "NIXL runtime: /" in out and "libnixl_capi.so (nixl-cu12 1.5.1)" in out, out

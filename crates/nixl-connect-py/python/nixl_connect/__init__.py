@@ -26,6 +26,7 @@ Beyond Dynamo, without changing what Dynamo callers see:
 from __future__ import annotations
 
 import asyncio
+import atexit
 import base64
 import logging
 import operator
@@ -77,10 +78,10 @@ logger.addHandler(logging.NullHandler())
 BACKENDS = tuple(_native.BACKENDS)
 """Backends a `Connector` can use: ``"nixl"`` (default) and ``"loopback"``."""
 
-DEFAULT_AWAIT_SPIN = 100e-6
-"""Seconds ``await op.wait_for_completion()`` of a READ or WRITE first waits
-for the transfer in the calling thread before the event loop takes over
-(`Connector`'s `await_spin`)."""
+AWAIT_SPIN_CAP = 100e-6
+"""The longest `Connector`'s default `await_spin` holds the event loop: the
+default is the backend's own ``wait_assist`` (NIXL: 200 µs; loopback: 0),
+capped at this (100 µs)."""
 
 
 # Enums: Dynamo's names, values and string forms.
@@ -154,13 +155,17 @@ _STATUSES = tuple(OperationStatus)
 
 
 class Device:
-    """A device: ``Device("cuda:1")``, ``Device("cpu")`` or ``Device((DeviceKind.CUDA, 1))``."""
+    """A device: ``Device("cuda:1")``, ``Device("cpu")``,
+    ``Device((DeviceKind.CUDA, 1))`` or (beyond Dynamo) ``Device(torch.device("cuda", 1))``.
+
+    Strings are parsed by the native module, the one parser of device strings
+    in the package (`_native.DEVICE_FORMS` lists what it takes)."""
 
     __slots__ = ("_kind", "_device_id")
 
-    def __init__(self, metadata: str | tuple[DeviceKind, int]) -> None:
+    def __init__(self, metadata: str | tuple[DeviceKind, int] | Any) -> None:
         if metadata is None:
-            raise ValueError("Argument `metadata` cannot be `None`.")
+            raise ValueError(f"Argument `metadata` cannot be `None`: {_native.DEVICE_FORMS}.")
         if (
             isinstance(metadata, tuple)
             and len(metadata) == 2
@@ -170,10 +175,10 @@ class Device:
             kind, device_id = metadata
         elif isinstance(metadata, str):
             kind, device_id = _parse_device(metadata)
+        elif _is_torch_device(metadata):
+            kind, device_id = _parse_device(str(metadata))
         else:
-            raise TypeError(
-                "Argument `metadata` must be a `tuple[MemoryKind, int]` or a `str`."
-            )
+            raise TypeError(f"{_native.DEVICE_FORMS}; got {metadata!r}.")
         self._kind = kind
         self._device_id = device_id
 
@@ -204,31 +209,17 @@ class Device:
         return self._kind
 
 
-_DEVICE_PREFIXES = (
-    ("cuda", DeviceKind.CUDA),
-    ("gpu", DeviceKind.CUDA),
-    ("xpu", DeviceKind.XPU),
-    ("rocm", DeviceKind.ROCM),
-    ("hip", DeviceKind.ROCM),
-)
-
-
 def _parse_device(text: str) -> tuple[DeviceKind, int]:
-    value = text.strip().lower()
-    if value in ("cpu", "host"):
-        return DeviceKind.HOST, 0
-    name, _, ordinal = value.partition(":")
-    for prefix, kind in _DEVICE_PREFIXES:
-        if name == prefix:
-            if ordinal == "":
-                return kind, 0
-            if ordinal.isdigit():
-                return kind, int(ordinal)
-            break
-    raise ValueError(
-        "Argument `metadata` must be in the format 'cuda:<device_id>', 'xpu:<device_id>', or 'cpu'."
-        f" Got {text!r}."
-    )
+    """``(kind, ordinal)`` of a device string; ``ValueError`` naming the input
+    and the accepted forms."""
+    kind, ordinal = _native.parse_device(text)
+    return DeviceKind(kind), ordinal
+
+
+def _is_torch_device(value: Any) -> bool:
+    torch = sys.modules.get("torch")
+    device_type = getattr(torch, "device", None) if torch is not None else None
+    return isinstance(device_type, type) and isinstance(value, device_type)
 
 
 def set_nixl_log_level(level: str) -> None:
@@ -262,10 +253,9 @@ class SerializedDescriptor(BaseModel):
         if not isinstance(v, str):
             raise TypeError("Argument `device` must be `str`.")
         v = v.strip().lower()
-        if not (v.startswith("cuda") or v.startswith("xpu") or v == "cpu"):
-            raise ValueError(
-                "Argument `device` must be one of 'cpu', 'cuda:<device_id>', or 'xpu:<device_id>'."
-            )
+        # The native parser (which the transfer uses too): a device string it
+        # would refuse later is refused here, with what it takes.
+        _native.parse_device(v)
         return v
 
     @field_validator("ptr")
@@ -563,7 +553,8 @@ class AbstractOperation(ABC):
             return
         loop = asyncio.get_running_loop()
         notifier = _notifier(loop)
-        spin = self._connector._await_spin
+        # Set: this operation's connector made its native connector.
+        spin = cast(float, self._connector._await_spin)
         if timeout is not None:
             spin = min(spin, timeout)
         # A READ or WRITE just posted usually ends within the spin: waiting
@@ -601,11 +592,21 @@ class ActiveOperation(AbstractOperation):
 
 
 class PassiveOperation(AbstractOperation):
-    """An operation that exposes local memory to one peer, described by `metadata()`."""
+    """An operation that exposes local memory to one peer, described by `metadata()`.
+
+    Dropped (or still alive at interpreter exit) before it ended, it logs a
+    warning to the ``nixl_connect`` logger: its peer's transfer had not
+    finished, and may fail (loopback then refuses a READ or WRITE of it;
+    NIXL may still let one that was already connected succeed)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._metadata: dict[bool, RdmaMetadata] = {}
+        self._warned = False
+        _live_passive.add(self)
+
+    def __del__(self) -> None:
+        _warn_unfinished(self, "dropped")
 
     def metadata(self, hex_encode: bool = False) -> RdmaMetadata:
         """What the peer needs (send it out of band). ``hex_encode=True`` gives
@@ -622,6 +623,46 @@ class PassiveOperation(AbstractOperation):
             _remember_native(metadata, cast(_native.Metadata, self._native.metadata()))
         self._metadata[hex_encode] = metadata
         return metadata
+
+
+# Passive operations alive now, for the warning about those still unfinished
+# at interpreter exit.
+_live_passive: "weakref.WeakSet[PassiveOperation]" = weakref.WeakSet()
+
+
+def _warn_unfinished(op: PassiveOperation, when: str) -> None:
+    """Logs a warning if `op` has not ended (once per operation)."""
+    try:
+        if op._warned:
+            return
+        status = op._native.status()
+        if status in _TERMINAL:
+            return
+        op._warned = True
+        descriptors = op._local_desc_list
+        logger.warning(
+            "%s of connector %r (%d descriptor%s, %d bytes) %s while %s: its "
+            "peer's %s had not finished and may fail. Keep the operation until "
+            "`await op.wait_for_completion()` returns, or cancel() it.",
+            type(op).__name__,
+            op._connector.name,
+            len(descriptors),
+            "" if len(descriptors) == 1 else "s",
+            sum(d.size for d in descriptors),
+            when,
+            _STATUSES[status].name,
+            op._operation_kind.name,
+        )
+    except Exception:
+        # At interpreter shutdown, or in a forked child: no warning, no error
+        # out of a finalizer.
+        pass
+
+
+@atexit.register
+def _warn_unfinished_at_exit() -> None:
+    for op in list(_live_passive):
+        _warn_unfinished(op, "left unfinished at interpreter exit")
 
 
 class ReadOperation(ActiveOperation):
@@ -700,11 +741,15 @@ class Connector:
     in-process fabric, for tests). As with Dynamo, the NIXL agent is created on
     first use.
 
-    `await_spin` (seconds, default ``$NIXL_CONNECT_AWAIT_SPIN`` or
-    `DEFAULT_AWAIT_SPIN`, 100 µs; 0 turns it off; at most 0.05): how long
+    `await_spin` (seconds; 0 turns it off; at most 0.05): how long
     ``await op.wait_for_completion()`` of a READ or WRITE first waits for the
     transfer in the calling thread, GIL released, holding the event loop,
-    before the loop takes over the wait. A small transfer usually
+    before the loop takes over the wait. It is the same setting as the
+    backend's ``wait_assist`` (how long a blocked waiter polls its transfer
+    before it sleeps; NIXL: 200 µs, loopback: 0), seen from asyncio: by
+    default (``None``) it is ``$NIXL_CONNECT_AWAIT_SPIN`` if set, else the
+    backend's ``wait_assist`` capped at `AWAIT_SPIN_CAP` (100 µs), so NIXL's is
+    100 µs and loopback's 0; a number overrides both. A small transfer usually
     ends within it and then skips the loop's wake-up (measured: a 4 KiB READ
     awaited in 32-53 µs instead of 57-80). It is skipped while another
     operation is awaited on the same loop; it never applies to passive
@@ -734,9 +779,7 @@ class Connector:
         spin_source = "Argument `await_spin`"
         if await_spin is None:
             from_env = os.environ.get("NIXL_CONNECT_AWAIT_SPIN")
-            if from_env is None:
-                await_spin = DEFAULT_AWAIT_SPIN
-            else:
+            if from_env is not None:
                 spin_source = "NIXL_CONNECT_AWAIT_SPIN"
                 try:
                     await_spin = float(from_env)
@@ -744,12 +787,13 @@ class Connector:
                     raise ValueError(
                         f"{spin_source} must be a number of seconds; got {from_env!r}."
                     ) from None
-        if isinstance(await_spin, bool) or not isinstance(await_spin, (int, float)):
-            raise TypeError(f"{spin_source} must be a number of seconds or `None`.")
-        if not 0 <= await_spin <= 0.05:
-            raise ValueError(
-                f"{spin_source} must be between 0 and 0.05 seconds; got {await_spin!r}."
-            )
+        if await_spin is not None:
+            if isinstance(await_spin, bool) or not isinstance(await_spin, (int, float)):
+                raise TypeError(f"{spin_source} must be a number of seconds or `None`.")
+            if not 0 <= await_spin <= 0.05:
+                raise ValueError(
+                    f"{spin_source} must be between 0 and 0.05 seconds; got {await_spin!r}."
+                )
         if peer_failure_detection is None:
             peer_failure_detection = _flag_from_env("NIXL_CONNECT_PEER_FAILURE_DETECTION", True)
         elif not isinstance(peer_failure_detection, bool):
@@ -763,7 +807,8 @@ class Connector:
         self._worker_id = worker_id
         self._hostname = socket.gethostname()
         self._backend = backend
-        self._await_spin = float(await_spin)
+        # `None` until the native connector tells its backend's wait_assist.
+        self._await_spin: Optional[float] = None if await_spin is None else float(await_spin)
         self._peer_failure_detection = peer_failure_detection
         self._native: Optional[_native.Connector] = None
         self._native_lock = threading.Lock()
@@ -773,12 +818,15 @@ class Connector:
         if native is None:
             with self._native_lock:
                 if self._native is None:
-                    self._native = _native.Connector(
+                    native = _native.Connector(
                         self._worker_id,
                         self._backend,
                         _search_paths(),
                         self._peer_failure_detection,
                     )
+                    if self._await_spin is None:
+                        self._await_spin = min(native.wait_assist, AWAIT_SPIN_CAP)
+                    self._native = native
                 native = self._native
         return native
 
@@ -816,8 +864,11 @@ class Connector:
     @property
     def await_spin(self) -> float:
         """Seconds an awaited READ or WRITE is first waited for in the calling
-        thread (see the class's documentation)."""
-        return self._await_spin
+        thread (see the class's documentation). The default comes from the
+        backend: reading it creates the agent if it does not exist yet."""
+        if self._await_spin is None:
+            self._connection()
+        return cast(float, self._await_spin)
 
     @property
     def peer_failure_detection(self) -> bool:

@@ -98,10 +98,11 @@ def report() -> int:
         print(f"NIXL runtime: {library} ({_runtime_distribution(library)})")
         print(f"  plugin files: {', '.join(plugins) or 'none next to it'}")
     except ImportError as e:
+        # The message starts with the fix (install-runtime), then where it looked.
         library = None
         ok = False
-        print(f"NIXL runtime: missing\n  {e}")
-        print("  the light route (no torch): python -m nixl_connect install-runtime")
+        print("NIXL runtime: missing")
+        print("\n".join(f"  {line}" for line in str(e).splitlines()))
     print(f"CUDA: {_cuda()}")
     for backend in ("loopback", "nixl") if library else ("loopback",):
         try:

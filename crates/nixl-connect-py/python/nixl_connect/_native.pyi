@@ -18,6 +18,8 @@ __all__ = [
     "Notifier",
     "BACKENDS",
     "TYPE_ERROR_MESSAGE",
+    "DEVICE_FORMS",
+    "parse_device",
     "set_nixl_log_level",
     "nixl_runtime",
     "__version__",
@@ -32,12 +34,20 @@ __version__: Final[str]
 TYPE_ERROR_MESSAGE: Final[str]
 """The ``TypeError`` message for a `Descriptor` source it cannot read."""
 
+DEVICE_FORMS: Final[str]
+"""What ``nixl_connect.Device(...)`` takes, as the messages refusing an input say it."""
+
+def parse_device(text: str) -> tuple[int, int]:
+    """``(kind, ordinal)`` of a device string (the package's one parser), the
+    kind as `nixl_connect.DeviceKind`'s integer; ``ValueError`` naming the
+    input and the accepted forms."""
+
 def set_nixl_log_level(level: str) -> None:
     """NIXL's own log level: ``"info"``, ``"warning"``, ``"error"``, ``"fatal"``, ``"off"``."""
 
 def nixl_runtime(site_packages: Sequence[str | os.PathLike[str]]) -> str:
     """Loads the NIXL runtime; the path of its ``libnixl_capi.so``.
-    ``ImportError`` (every place looked in) without one."""
+    ``ImportError`` without one: the fix first, then each place looked in once."""
 
 @final
 class Connector:
@@ -64,6 +74,11 @@ class Connector:
     @property
     def revocation_enforced(self) -> bool:
         """Whether the backend can cut a peer off after an operation ends."""
+
+    @property
+    def wait_assist(self) -> float:
+        """Seconds a blocked waiter polls its transfer before it sleeps (the
+        backend's ``wait_assist``); `await_spin`'s default, capped."""
 
     @property
     def _ucx_error_handling_mode(self) -> str | None:
