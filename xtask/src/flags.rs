@@ -7,7 +7,8 @@ xflags::xflags! {
     /// Project automation for nixl-connect.
     cmd xtask {
         /// fmt check, clippy -D warnings, feature combinations, all tests and
-        /// doc tests, loom, ASan, fuzz, rustdoc -D warnings, demos.
+        /// doc tests, loom, ASan, fuzz, rustdoc -D warnings, demos, the
+        /// two-process example, the Python suite.
         cmd test {
             /// Only the steps whose names start with these (e.g. `python`,
             /// `clippy`, `fuzz`); all of them when none is given.

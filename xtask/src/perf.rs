@@ -612,6 +612,40 @@ mod tests {
     }
 
     #[test]
+    fn stamping_adds_the_machine_and_keeps_the_rest_of_the_report() {
+        let dir = std::env::temp_dir().join(format!("xtask-perf-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("report.json");
+        std::fs::write(
+            &path,
+            r#"{"machine": {"cpus": 3}, "targets": ["MET    x: 1"], "other": []}"#,
+        )
+        .unwrap();
+        let sh = Shell::new().unwrap();
+        stamp(&sh, &path, "cargo xtask bench --quick").unwrap();
+        let report = load(&path).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(report.machine.cpus, 3);
+        assert_eq!(report.targets, ["MET    x: 1"]);
+        assert_eq!(
+            report.machine.command.as_deref(),
+            Some("cargo xtask bench --quick")
+        );
+        assert_eq!(
+            report.machine.nixl_runtime,
+            Some(crate::nixl::requirement())
+        );
+        assert!(
+            report
+                .machine
+                .kernel
+                .is_some_and(|k| k.starts_with("Linux "))
+        );
+        // The test runs inside the repository: there is a commit.
+        assert!(report.machine.commit.is_some());
+    }
+
+    #[test]
     fn the_cpu_model_is_the_first_model_name() {
         let cpuinfo =
             "processor\t: 0\nmodel name\t: AMD EPYC 9454\nprocessor\t: 1\nmodel name\t: other\n";
