@@ -5,9 +5,9 @@
 use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use cargo_metadata::{Artifact, Message};
+use xshell::{Shell, cmd};
 
 use crate::{cargo, nixl, run};
 
@@ -19,11 +19,11 @@ fn fail(what: impl std::fmt::Display) -> u8 {
 }
 
 /// Files under `root` that `file` loads, by `ldd` (RPATHs resolve inside the wheel).
-fn closure(root: &Path, file: &Path, out: &mut BTreeSet<PathBuf>) {
-    let Ok(output) = Command::new("ldd").arg(file).output() else {
+fn closure(sh: &Shell, root: &Path, file: &Path, out: &mut BTreeSet<PathBuf>) {
+    let Ok(output) = cmd!(sh, "ldd {file}").quiet().ignore_status().read() else {
         return;
     };
-    for line in String::from_utf8_lossy(&output.stdout).lines() {
+    for line in output.lines() {
         if let Some(path) = line.split("=> ").nth(1).and_then(|r| r.split(" (").next()) {
             let path = PathBuf::from(path.trim());
             if path.starts_with(root) {
@@ -42,46 +42,40 @@ fn copy_into(root: &Path, file: &Path, dest: &Path) -> Result<u64, u8> {
     std::fs::copy(file, &target).map_err(|e| fail(format!("{}: {e}", file.display())))
 }
 
-pub(crate) fn gpu_bundle(root: &Path) -> Result<(), u8> {
-    let runtime = nixl::provision(root, "gpu-bundle")?;
+pub(crate) fn gpu_bundle(sh: &Shell, root: &Path) -> Result<(), u8> {
+    let runtime = nixl::provision(sh, root, "gpu-bundle")?;
     let bundle = root.join("target/gpu-bundle");
     let _ = std::fs::remove_dir_all(&bundle);
     std::fs::create_dir_all(bundle.join("tests")).map_err(fail)?;
     let build_dir = root.join("target/gpu-bundle-build");
 
     // Release builds without debug info, in their own target folder.
-    let release = |cmd: &mut Command| {
-        cmd.arg("--target-dir")
-            .arg(&build_dir)
-            .env("CARGO_PROFILE_RELEASE_DEBUG", "0")
-            .env("CARGO_PROFILE_RELEASE_STRIP", "symbols");
-    };
-    let mut check = cargo();
-    check.args(["build", "--release", "-p", "gpu-check"]);
-    release(&mut check);
-    if !run(root, check) {
+    let cargo = cargo();
+    fn release(cmd: xshell::Cmd<'_>) -> xshell::Cmd<'_> {
+        cmd.env("CARGO_PROFILE_RELEASE_DEBUG", "0")
+            .env("CARGO_PROFILE_RELEASE_STRIP", "symbols")
+    }
+    let check = cmd!(
+        sh,
+        "{cargo} build --release -p gpu-check --target-dir {build_dir}"
+    );
+    if !run(release(check)) {
         return Err(fail("building gpu-check failed"));
     }
-    let mut tests = cargo();
-    tests.args([
-        "test",
-        "--release",
-        "-p",
-        "device-cuda",
-        "--no-run",
-        "--message-format=json",
-    ]);
-    release(&mut tests);
-    let output = tests.current_dir(root).output().map_err(fail)?;
-    if !output.status.success() {
-        return Err(fail("building the device-cuda tests failed"));
-    }
+    // cargo's JSON messages on stdout, its progress on stderr as usual.
+    let tests = cmd!(
+        sh,
+        "{cargo} test --release -p device-cuda --no-run --message-format=json --target-dir {build_dir}"
+    );
+    let output = release(tests)
+        .read()
+        .map_err(|e| fail(format!("building the device-cuda tests failed: {e}")))?;
     let mut size = std::fs::copy(
         build_dir.join("release/gpu-check"),
         bundle.join("gpu-check"),
     )
     .map_err(fail)?;
-    for message in Message::parse_stream(output.stdout.as_slice()) {
+    for message in Message::parse_stream(output.as_bytes()) {
         if let Message::CompilerArtifact(Artifact {
             executable: Some(exe),
             target,
@@ -117,7 +111,7 @@ pub(crate) fn gpu_bundle(root: &Path) -> Result<(), u8> {
     }
     for file in files.clone() {
         if file.extension().is_some_and(|e| e != "la") {
-            closure(&runtime.root, &file, &mut files);
+            closure(sh, &runtime.root, &file, &mut files);
         }
     }
     for file in &files {

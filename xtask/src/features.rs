@@ -5,9 +5,9 @@
 //! clippy's step.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use cargo_metadata::Package;
+use xshell::{Shell, cmd};
 
 use crate::{cargo, run};
 
@@ -29,24 +29,24 @@ fn combinations(features: &BTreeMap<String, Vec<String>>) -> Vec<Vec<String>> {
 
 /// `cargo check` of each member with each of its combinations; true when all
 /// built. Goes on after a failure and names every combination that failed.
-pub(crate) fn check_each(root: &Path, members: &[Package]) -> bool {
+pub(crate) fn check_each(sh: &Shell, members: &[Package]) -> bool {
+    let cargo = cargo();
     let mut failed = Vec::new();
     let mut count = 0;
     for package in members {
+        let name = package.name.as_str();
         for features in combinations(&package.features) {
-            let mut check = cargo();
-            check.args([
-                "check",
-                "--quiet",
-                "-p",
-                &package.name,
-                "--no-default-features",
-            ]);
-            if !features.is_empty() {
-                check.args(["--features", &features.join(",")]);
-            }
+            let chosen = if features.is_empty() {
+                Vec::new()
+            } else {
+                vec!["--features".to_owned(), features.join(",")]
+            };
             count += 1;
-            if !run(root, check) {
+            let check = cmd!(
+                sh,
+                "{cargo} check --quiet -p {name} --no-default-features {chosen...}"
+            );
+            if !run(check) {
                 failed.push(format!("{} [{}]", package.name, features.join(",")));
             }
         }

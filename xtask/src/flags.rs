@@ -1,11 +1,14 @@
 //! The command line of `cargo xtask`, declared with xflags (as rust-analyzer's
 //! xtask does); `--help` on any command prints its part.
 
+use std::path::PathBuf;
+
 xflags::xflags! {
     /// Project automation for nixl-connect.
     cmd xtask {
         /// fmt check, clippy -D warnings, feature combinations, all tests and
-        /// doc tests, loom, ASan, fuzz, rustdoc -D warnings, demos.
+        /// doc tests, loom, ASan, fuzz, rustdoc -D warnings, demos, the
+        /// two-process example, the Python suite.
         cmd test {
             /// Only the steps whose names start with these (e.g. `python`,
             /// `clippy`, `fuzz`); all of them when none is given.
@@ -28,7 +31,8 @@ xflags::xflags! {
             optional --iterations n: usize
         }
         /// memcpy / loopback / nixl / raw nixl-sys, in and across processes, then
-        /// the criterion hot paths; writes target/bench/.
+        /// the criterion hot paths; writes target/bench/ and renders
+        /// docs/performance.md from its report.json.
         cmd bench {
             /// Fewer sizes and iterations.
             optional --quick
@@ -36,6 +40,11 @@ xflags::xflags! {
             optional --python
             /// Only the cross-process rows, across two network namespaces over TCP.
             optional --two-hosts
+            /// Measure nothing: render docs/performance.md (and copy the
+            /// report to docs/bench-report.json) from a report already written.
+            optional --render-only
+            /// With --render-only: the report (default target/bench/report.json).
+            optional --report path: PathBuf
         }
         /// libFuzzer on the metadata, agent-blob and device parsers.
         cmd fuzz {
@@ -54,10 +63,21 @@ xflags::xflags! {
 
 impl Bench {
     /// `--python` and `--two-hosts` pick different rows: one or the other.
+    /// `--render-only` measures nothing: no other option but `--report`.
     pub(crate) fn validate(&self) -> xflags::Result<()> {
         if self.python && self.two_hosts {
             return Err(xflags::Error::new(
                 "bench: --python and --two-hosts cannot be combined",
+            ));
+        }
+        if self.render_only && (self.quick || self.python || self.two_hosts) {
+            return Err(xflags::Error::new(
+                "bench: --render-only measures nothing; it takes only --report",
+            ));
+        }
+        if self.report.is_some() && !self.render_only {
+            return Err(xflags::Error::new(
+                "bench: --report names the report --render-only renders",
             ));
         }
         Ok(())

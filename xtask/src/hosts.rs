@@ -5,19 +5,22 @@
 //! iproute2; says why it cannot run otherwise.
 
 use std::path::Path;
-use std::process::Command;
+
+use xshell::{Shell, cmd};
 
 use crate::{Workspace, cargo, run};
 
 /// Two namespaces and a veth pair, deleted on drop.
-struct Hosts {
+struct Hosts<'a> {
+    sh: &'a Shell,
     a: String,
     b: String,
 }
 
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
+/// `ip ARGS...`, its error output in the error.
+fn ip(sh: &Shell, args: &[&str]) -> Result<(), String> {
+    let out = cmd!(sh, "ip {args...}")
+        .ignore_status()
         .output()
         .map_err(|e| format!("ip: {e}"))?;
     if out.status.success() {
@@ -31,54 +34,60 @@ fn ip(args: &[&str]) -> Result<(), String> {
     }
 }
 
-impl Hosts {
-    fn new(dev_a: &str, dev_b: &str) -> Result<Hosts, String> {
+impl<'a> Hosts<'a> {
+    fn new(sh: &'a Shell, dev_a: &str, dev_b: &str) -> Result<Hosts<'a>, String> {
         let id = std::process::id();
         let hosts = Hosts {
+            sh,
             a: format!("bench-a-{id}"),
             b: format!("bench-b-{id}"),
         };
         let net = format!("10.{}.{}", 100 + id % 100, id / 100 % 250);
-        ip(&["netns", "add", &hosts.a])?;
-        ip(&["netns", "add", &hosts.b])?;
-        ip(&["link", "add", dev_a, "type", "veth", "peer", "name", dev_b])?;
+        ip(sh, &["netns", "add", &hosts.a])?;
+        ip(sh, &["netns", "add", &hosts.b])?;
+        ip(
+            sh,
+            &["link", "add", dev_a, "type", "veth", "peer", "name", dev_b],
+        )?;
         for (ns, dev, host) in [(&hosts.a, dev_a, 1), (&hosts.b, dev_b, 2)] {
-            ip(&["link", "set", dev, "netns", ns])?;
-            ip(&[
-                "-n",
-                ns,
-                "addr",
-                "add",
-                &format!("{net}.{host}/24"),
-                "dev",
-                dev,
-            ])?;
-            ip(&["-n", ns, "link", "set", "lo", "up"])?;
-            ip(&["-n", ns, "link", "set", dev, "up"])?;
+            ip(sh, &["link", "set", dev, "netns", ns])?;
+            ip(
+                sh,
+                &[
+                    "-n",
+                    ns,
+                    "addr",
+                    "add",
+                    &format!("{net}.{host}/24"),
+                    "dev",
+                    dev,
+                ],
+            )?;
+            ip(sh, &["-n", ns, "link", "set", "lo", "up"])?;
+            ip(sh, &["-n", ns, "link", "set", dev, "up"])?;
         }
         Ok(hosts)
     }
 }
 
-impl Drop for Hosts {
+impl Drop for Hosts<'_> {
     fn drop(&mut self) {
         // Deleting a namespace deletes the veth end inside it, and the pair.
-        let _ = ip(&["netns", "del", &self.a]);
-        let _ = ip(&["netns", "del", &self.b]);
+        let _ = ip(self.sh, &["netns", "del", &self.a]);
+        let _ = ip(self.sh, &["netns", "del", &self.b]);
     }
 }
 
 /// Runs the bench's cross-process rows across two namespaces.
-pub(crate) fn bench(ws: &Workspace, runtime: &Path, quick: bool) -> Result<(), u8> {
+pub(crate) fn bench(sh: &Shell, ws: &Workspace, runtime: &Path, quick: bool) -> Result<(), u8> {
     let root = ws.root.as_path();
-    let mut build = cargo();
-    build.args(["build", "--quiet", "--release", "-p", "bench"]);
-    if !run(root, build) {
+    let cargo = cargo();
+    if !run(cmd!(sh, "{cargo} build --quiet --release -p bench")) {
         return Err(1);
     }
     let id = std::process::id() % 100_000;
     let (dev_a, dev_b) = (format!("bxa{id}"), format!("bxb{id}"));
-    let hosts = Hosts::new(&dev_a, &dev_b).map_err(|e| {
+    let hosts = Hosts::new(sh, &dev_a, &dev_b).map_err(|e| {
         eprintln!("xtask bench --two-hosts needs root and iproute2 network namespaces: {e}");
         1
     })?;
@@ -96,19 +105,15 @@ pub(crate) fn bench(ws: &Workspace, runtime: &Path, quick: bool) -> Result<(), u
         .collect::<Vec<_>>()
         .join(" ");
     let out = root.join("target/bench/two-hosts");
-    let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", &hosts.a])
-        .args(tcp(&dev_a))
-        .arg(ws.target.join("release/bench"))
-        .args(["--xproc-only", &wrap])
-        .args(["--sizes", "4096x1,1048576x1,1048576x16,1048576x256"])
-        .arg("--out")
-        .arg(&out)
-        .env("NIXL_RUNTIME_DIR", runtime);
-    if quick {
-        cmd.arg("--quick");
-    }
-    let ok = run(root, cmd);
+    let (ns_a, env_a) = (&hosts.a, tcp(&dev_a));
+    let bench = ws.target.join("release/bench");
+    let sizes = "4096x1,1048576x1,1048576x16,1048576x256";
+    let quick_flag = quick.then_some("--quick");
+    let ok = run(cmd!(
+        sh,
+        "ip netns exec {ns_a} {env_a...} {bench} --xproc-only {wrap} --sizes {sizes} --out {out} {quick_flag...}"
+    )
+    .env("NIXL_RUNTIME_DIR", runtime));
     drop(hosts);
     if ok { Ok(()) } else { Err(1) }
 }

@@ -2,9 +2,10 @@
 //! NIXL runtime unpacked from the `nixl-cu12` wheel on PyPI. Both idempotent.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use crate::{pip, run_quiet, wheel};
+use xshell::{Shell, cmd};
+
+use crate::{pip, run_quiet, succeeds, wheel};
 
 /// The NIXL release the runtime, the test virtualenvs and the Python tests
 /// use; everything else here is derived from it. backend-nixl's `PIP_PACKAGE`
@@ -45,17 +46,13 @@ fn runtime_paths(root: &Path) -> Runtime {
 
 /// Downloads and unpacks the runtime under `target/nixl-runtime` unless it is
 /// already there; offline after the first success.
-pub(crate) fn ensure_runtime(root: &Path) -> Result<Runtime, String> {
+pub(crate) fn ensure_runtime(sh: &Shell, root: &Path) -> Result<Runtime, String> {
     let runtime = runtime_paths(root);
     let stamp = runtime.root.join(".complete");
     if stamp.is_file() {
         return Ok(runtime);
     }
-    let python_ok = Command::new("python3")
-        .args(["-m", "pip", "--version"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !python_ok {
+    if !succeeds(cmd!(sh, "python3 -m pip --version")) {
         return Err(
             "python3 with pip is needed to fetch the NIXL runtime from PyPI; \
                     on Debian/Ubuntu run: apt-get install -y python3 python3-pip"
@@ -72,7 +69,7 @@ pub(crate) fn ensure_runtime(root: &Path) -> Result<Runtime, String> {
     );
     for package in [requirement().as_str(), NUMPY] {
         run_quiet(
-            pip("python3", "download")
+            pip(sh, "python3", "download")
                 .args(["--no-deps", "--only-binary=:all:", "-d"])
                 .arg(&wheels)
                 .arg(package),
@@ -89,7 +86,7 @@ pub(crate) fn ensure_runtime(root: &Path) -> Result<Runtime, String> {
         KEEP.iter().any(|k| name.starts_with(k))
     })?;
     run_quiet(
-        pip("python3", "install")
+        pip(sh, "python3", "install")
             .args(["--no-deps", "--no-index", "--find-links"])
             .arg(&wheels)
             .arg("--target")
@@ -99,15 +96,9 @@ pub(crate) fn ensure_runtime(root: &Path) -> Result<Runtime, String> {
     std::fs::rename(&staging, &runtime.root)
         .map_err(|e| format!("move {} into place: {e}", staging.display()))?;
     // Check that it loads: the Python bindings open the same libraries and plugins.
-    run_quiet(
-        Command::new("python3")
-            .args([
-                "-c",
-                "import nixl_cu12; a = nixl_cu12.nixl_agent('xtask-probe'); \
-                 assert 'UCX' in a.get_plugin_list(), a.get_plugin_list()",
-            ])
-            .env("PYTHONPATH", &runtime.pythonpath),
-    )?;
+    let probe = "import nixl_cu12; a = nixl_cu12.nixl_agent('xtask-probe'); \
+                 assert 'UCX' in a.get_plugin_list(), a.get_plugin_list()";
+    run_quiet(cmd!(sh, "python3 -c {probe}").env("PYTHONPATH", &runtime.pythonpath))?;
     std::fs::write(&stamp, format!("{}\n{NUMPY}\n", requirement()))
         .map_err(|e| format!("write {}: {e}", stamp.display()))?;
     eprintln!("xtask: NIXL runtime ready in {}", runtime.root.display());
@@ -117,16 +108,16 @@ pub(crate) fn ensure_runtime(root: &Path) -> Result<Runtime, String> {
 /// A virtualenv with the NIXL wheel pip-installed into it (`target/nixl-venv`),
 /// for the test that finds a pip-installed runtime with nothing set. Made
 /// once, offline, from the wheel `ensure_runtime` downloaded.
-pub(crate) fn ensure_test_venv(root: &Path) -> Result<PathBuf, String> {
+pub(crate) fn ensure_test_venv(sh: &Shell, root: &Path) -> Result<PathBuf, String> {
     let venv = root.join("target/nixl-venv");
     let stamp = venv.join(".complete");
     if stamp.is_file() {
         return Ok(venv);
     }
     let _ = std::fs::remove_dir_all(&venv);
-    run_quiet(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+    run_quiet(cmd!(sh, "python3 -m venv {venv}"))?;
     run_quiet(
-        pip(venv.join("bin/python"), "install")
+        pip(sh, venv.join("bin/python"), "install")
             .args(["--no-deps", "--no-index", "--find-links"])
             .arg(root.join("target/nixl-runtime/wheels"))
             .arg(requirement()),
@@ -137,9 +128,9 @@ pub(crate) fn ensure_test_venv(root: &Path) -> Result<PathBuf, String> {
 }
 
 /// libclang and the runtime, or the exit code after saying what is missing.
-pub(crate) fn provision(root: &Path, command: &str) -> Result<Runtime, u8> {
-    ensure_libclang()
-        .and_then(|()| ensure_runtime(root))
+pub(crate) fn provision(sh: &Shell, root: &Path, command: &str) -> Result<Runtime, u8> {
+    ensure_libclang(sh)
+        .and_then(|()| ensure_runtime(sh, root))
         .map_err(|e| {
             eprintln!("xtask {command}: {e}");
             1
@@ -147,14 +138,11 @@ pub(crate) fn provision(root: &Path, command: &str) -> Result<Runtime, u8> {
 }
 
 /// Makes sure bindgen can find libclang, installing it with apt where allowed.
-pub(crate) fn ensure_libclang() -> Result<(), String> {
+pub(crate) fn ensure_libclang(sh: &Shell) -> Result<(), String> {
     if std::env::var_os("LIBCLANG_PATH").is_some() || find_libclang().is_some() {
         return Ok(());
     }
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| o.stdout.trim_ascii() == b"0");
+    let root = cmd!(sh, "id -u").quiet().read().is_ok_and(|uid| uid == "0");
     let hint = "nixl-sys runs bindgen, which needs libclang: on Debian/Ubuntu run \
                 `apt-get install -y libclang-dev` as root, or set LIBCLANG_PATH";
     if !root || !Path::new("/usr/bin/apt-get").exists() {
@@ -163,19 +151,15 @@ pub(crate) fn ensure_libclang() -> Result<(), String> {
     eprintln!("xtask: libclang is missing; installing it with apt-get (libclang-dev)");
     let install = || {
         run_quiet(
-            Command::new("apt-get")
-                .args([
-                    "install",
-                    "-y",
-                    "-q",
-                    "--no-install-recommends",
-                    "libclang-dev",
-                ])
-                .env("DEBIAN_FRONTEND", "noninteractive"),
+            cmd!(
+                sh,
+                "apt-get install -y -q --no-install-recommends libclang-dev"
+            )
+            .env("DEBIAN_FRONTEND", "noninteractive"),
         )
     };
     if install().is_err() {
-        run_quiet(Command::new("apt-get").args(["update", "-q"]))?;
+        run_quiet(cmd!(sh, "apt-get update -q"))?;
         install()?;
     }
     find_libclang().map(|_| ()).ok_or_else(|| hint.into())

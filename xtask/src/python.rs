@@ -23,9 +23,10 @@
 //!   the benchmark put these on their `PYTHONPATH`.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use crate::{nixl, run_quiet, wheel};
+use xshell::{Shell, cmd};
+
+use crate::{nixl, pip, run, run_quiet, wheel};
 
 /// What every test virtualenv gets besides the package (pydantic pinned to
 /// the versions tested; the package itself allows `>=2.10,<3`).
@@ -86,7 +87,7 @@ fn dynamo() -> String {
 
 /// The newest `~/.pyenv/versions/<minor>.N/bin/python3`, or `python3` if it
 /// is that version.
-fn interpreter(minor: &str) -> Option<PathBuf> {
+fn interpreter(sh: &Shell, minor: &str) -> Option<PathBuf> {
     let versions = PathBuf::from(std::env::var_os("HOME")?).join(".pyenv/versions");
     let patch =
         |name: &str| -> Option<u32> { name.strip_prefix(minor)?.strip_prefix('.')?.parse().ok() };
@@ -101,16 +102,15 @@ fn interpreter(minor: &str) -> Option<PathBuf> {
             return Some(python);
         }
     }
-    let version = Command::new("python3")
-        .args(["-c", "import sys; print('%d.%d' % sys.version_info[:2])"])
-        .output()
-        .ok()?;
-    (String::from_utf8_lossy(&version.stdout).trim() == minor).then(|| PathBuf::from("python3"))
+    let probe = "import sys; print('%d.%d' % sys.version_info[:2])";
+    let version = cmd!(sh, "python3 -c {probe}").quiet().read().ok()?;
+    (version.trim() == minor).then(|| PathBuf::from("python3"))
 }
 
 /// A virtualenv at `dir` made by `python` and holding `packages`, made again
 /// whenever the stamp (`python` and `what`) differs.
 fn ensure(
+    sh: &Shell,
     dir: &Path,
     python: &Path,
     what: &str,
@@ -123,63 +123,59 @@ fn ensure(
         return Ok(venv_python);
     }
     let _ = std::fs::remove_dir_all(dir);
-    run_quiet(Command::new(python).args(["-m", "venv"]).arg(dir))?;
+    run_quiet(cmd!(sh, "{python} -m venv {dir}"))?;
     fill(&venv_python)?;
     std::fs::write(&stamp, wanted).map_err(|e| format!("write {}: {e}", stamp.display()))?;
     Ok(venv_python)
 }
 
 /// `target/py-tools`: what builds and checks the wheel, and mypy.
-fn ensure_tools(root: &Path) -> Result<PathBuf, String> {
-    let python = interpreter("3.11").unwrap_or_else(|| PathBuf::from("python3"));
+fn ensure_tools(sh: &Shell, root: &Path) -> Result<PathBuf, String> {
+    let python = interpreter(sh, "3.11").unwrap_or_else(|| PathBuf::from("python3"));
     ensure(
+        sh,
         &root.join("target/py-tools"),
         &python,
         &TOOLS.join("\n"),
-        |py| run_quiet(crate::pip(py, "install").args(TOOLS)),
+        |py| run_quiet(pip(sh, py, "install").args(TOOLS)),
     )
 }
 
 /// Builds the wheel into `target/wheels` and checks its platform tag with
 /// `auditwheel show`; returns its path. `cargo xtask wheel`.
-pub(crate) fn build_wheel(root: &Path) -> Result<PathBuf, String> {
-    let tools = ensure_tools(root)?;
+pub(crate) fn build_wheel(sh: &Shell, root: &Path) -> Result<PathBuf, String> {
+    let tools = ensure_tools(sh, root)?;
     let bin = tools.parent().map(Path::to_path_buf).unwrap_or_default();
     let out = root.join(WHEELS);
     let _ = std::fs::remove_dir_all(&out);
-    let libstdcxx = libstdcxx()?;
-    let mut build = Command::new(bin.join("maturin"));
-    build
-        .args([
-            "build",
-            "--release",
-            "--strip",
-            "--zig",
-            "--compatibility",
-            MANYLINUX,
-            "-o",
-        ])
-        .arg(&out)
-        // nixl-sys compiles its dlopen stubs with g++ (libstdc++) and asks
-        // for `-lstdc++`, which zig's linker takes for its own libc++: name
-        // the system's libstdc++ itself, so the module needs it (auditwheel
-        // checks its symbol versions against the policy) instead of missing
-        // `std::cerr` at import.
-        .arg("--")
-        .arg("-C")
-        .arg(format!("link-arg={}", libstdcxx.display()))
-        .env("CARGO_TARGET_DIR", root.join(BUILD_DIR))
-        .env("PATH", path_with(&bin));
+    let libstdcxx = libstdcxx(sh)?;
+    let maturin = bin.join("maturin");
+    // nixl-sys compiles its dlopen stubs with g++ (libstdc++) and asks for
+    // `-lstdc++`, which zig's linker takes for its own libc++: name the
+    // system's libstdc++ itself, so the module needs it (auditwheel checks
+    // its symbol versions against the policy) instead of missing `std::cerr`
+    // at import.
+    let link = format!("link-arg={}", libstdcxx.display());
+    let build = cmd!(
+        sh,
+        "{maturin} build --release --strip --zig --compatibility {MANYLINUX} -o {out} -- -C {link}"
+    )
+    .env("CARGO_TARGET_DIR", root.join(BUILD_DIR))
+    .env("PATH", path_with(&bin));
     // From the package's folder: run from the workspace root, bindgen (in
     // nixl-sys's build script) under maturin's zig wrapper did not find
     // clang's own headers (`stdbool.h`).
-    if !crate::run(&root.join(PACKAGE_DIR), build) {
+    let built = {
+        let _package = sh.push_dir(root.join(PACKAGE_DIR));
+        run(build)
+    };
+    if !built {
         return Err("maturin build failed".into());
     }
     let wheel = wheel::find(&out, "nixl_connect-")?;
-    let show = Command::new(bin.join("auditwheel"))
-        .arg("show")
-        .arg(&wheel)
+    let auditwheel = bin.join("auditwheel");
+    let show = cmd!(sh, "{auditwheel} show {wheel}")
+        .ignore_status()
         .output()
         .map_err(|e| format!("auditwheel: {e}"))?;
     let report = String::from_utf8_lossy(&show.stdout).replace('\n', " ");
@@ -201,12 +197,12 @@ pub(crate) fn build_wheel(root: &Path) -> Result<PathBuf, String> {
 }
 
 /// The C++ runtime g++ links against (`libstdc++.so.6`).
-fn libstdcxx() -> Result<PathBuf, String> {
-    let out = Command::new("g++")
-        .arg("-print-file-name=libstdc++.so.6")
-        .output()
+fn libstdcxx(sh: &Shell) -> Result<PathBuf, String> {
+    let out = cmd!(sh, "g++ -print-file-name=libstdc++.so.6")
+        .quiet()
+        .read()
         .map_err(|e| format!("g++ (needed to build nixl-sys's stubs): {e}"))?;
-    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    let path = PathBuf::from(out.trim());
     if path.is_absolute() && path.is_file() {
         Ok(path)
     } else {
@@ -218,7 +214,7 @@ fn libstdcxx() -> Result<PathBuf, String> {
 }
 
 /// `target/py-dynamo`: Dynamo's module and the torch stand-in.
-fn ensure_dynamo(root: &Path) -> Result<(PathBuf, PathBuf), String> {
+fn ensure_dynamo(sh: &Shell, root: &Path) -> Result<(PathBuf, PathBuf), String> {
     let dir = root.join("target/py-dynamo");
     let (src, stub) = (dir.join("dynamo-src"), dir.join("torch-stub"));
     let stamp = dir.join(".complete");
@@ -227,7 +223,7 @@ fn ensure_dynamo(root: &Path) -> Result<(PathBuf, PathBuf), String> {
     }
     let downloads = root.join("target/py-downloads");
     run_quiet(
-        crate::pip("python3", "download")
+        pip(sh, "python3", "download")
             .args(["--no-deps", "-d"])
             .arg(&downloads)
             .arg(dynamo()),
@@ -259,11 +255,17 @@ fn venv_dir(root: &Path, minor: &str) -> PathBuf {
 
 /// The test virtualenv of `minor` with `wheel` installed; `Ok(None)` when
 /// this machine has no such interpreter.
-fn ensure_venv(root: &Path, minor: &str, nixl: bool, wheel: &Path) -> Result<Option<Venv>, String> {
-    let Some(python) = interpreter(minor) else {
+fn ensure_venv(
+    sh: &Shell,
+    root: &Path,
+    minor: &str,
+    nixl: bool,
+    wheel: &Path,
+) -> Result<Option<Venv>, String> {
+    let Some(python) = interpreter(sh, minor) else {
         return Ok(None);
     };
-    let (dynamo_src, torch_stub) = ensure_dynamo(root)?;
+    let (dynamo_src, torch_stub) = ensure_dynamo(sh, root)?;
     let dir = venv_dir(root, minor);
     let mut what = TEST_REQUIREMENTS.join("\n");
     if nixl {
@@ -271,32 +273,27 @@ fn ensure_venv(root: &Path, minor: &str, nixl: bool, wheel: &Path) -> Result<Opt
     }
     let downloads = root.join("target/py-downloads");
     let fresh = !dir.join(".complete").is_file();
-    let venv_python = ensure(&dir, &python, &what, |py| {
+    let venv_python = ensure(sh, &dir, &python, &what, |py| {
         // As a user installs it: pip resolves the wheel's dependencies.
         run_quiet(
-            crate::pip(py, "install")
+            pip(sh, py, "install")
                 .arg(wheel)
                 .args(TEST_REQUIREMENTS)
                 .env("PATH", dir.join("bin")),
         )?;
         if nixl {
             // The runtime without its torch dependency (the light route).
-            let py_version = minor.to_owned();
             for package in [nixl::requirement(), nixl_meta()] {
                 run_quiet(
-                    crate::pip("python3", "download")
-                        .args([
-                            "--no-deps",
-                            "--only-binary=:all:",
-                            "--python-version",
-                            &py_version,
-                            "-d",
-                        ])
+                    pip(sh, "python3", "download")
+                        .args(["--no-deps", "--only-binary=:all:", "--python-version"])
+                        .arg(minor)
+                        .arg("-d")
                         .arg(&downloads)
                         .arg(&package),
                 )?;
                 run_quiet(
-                    crate::pip(py, "install")
+                    pip(sh, py, "install")
                         .args(["--no-deps", "--no-index", "--find-links"])
                         .arg(&downloads)
                         .arg(&package),
@@ -307,7 +304,7 @@ fn ensure_venv(root: &Path, minor: &str, nixl: bool, wheel: &Path) -> Result<Opt
     })?;
     if !fresh {
         run_quiet(
-            crate::pip(&venv_python, "install")
+            pip(sh, &venv_python, "install")
                 .args(["--no-deps", "--force-reinstall"])
                 .arg(wheel)
                 .env("PATH", dir.join("bin")),
@@ -353,31 +350,32 @@ fn test_env(venv: &Venv) -> Vec<(&'static str, String)> {
 }
 
 /// Runs the package's pytest suite (`crates/nixl-connect-py/tests`).
-fn pytest(root: &Path, venv: &Venv) -> bool {
-    let mut cmd = Command::new(&venv.python);
-    cmd.args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
-        .arg(root.join(PACKAGE_DIR).join("tests"))
-        .env_remove("NIXL_TESTS_REQUIRED")
-        .envs(test_env(venv))
-        .env_remove("VIRTUAL_ENV")
-        .env_remove("NIXL_RUNTIME_DIR")
-        .env_remove("NIXL_CAPI_LIB");
-    crate::run(root, cmd)
+fn pytest(sh: &Shell, root: &Path, venv: &Venv) -> bool {
+    let python = &venv.python;
+    let tests = root.join(PACKAGE_DIR).join("tests");
+    run(
+        cmd!(sh, "{python} -m pytest -q -p no:cacheprovider {tests}")
+            .env_remove("NIXL_TESTS_REQUIRED")
+            .envs(test_env(venv))
+            .env_remove("VIRTUAL_ENV")
+            .env_remove("NIXL_RUNTIME_DIR")
+            .env_remove("NIXL_CAPI_LIB"),
+    )
 }
 
 /// The `cargo xtask test` step: the wheel, built once, then pytest in the
 /// virtualenv of every interpreter (one missing here is named and skipped).
-pub(crate) fn test(root: &Path) -> bool {
-    let wheel = match build_wheel(root) {
+pub(crate) fn test(sh: &Shell, root: &Path) -> bool {
+    let wheel = match build_wheel(sh, root) {
         Ok(wheel) => wheel,
         Err(e) => {
             eprintln!("xtask test (python): {e}");
             return false;
         }
     };
-    let mut ok = typecheck(root, &wheel);
+    let mut ok = typecheck(sh, root, &wheel);
     for &(minor, nixl) in INTERPRETERS {
-        match ensure_venv(root, minor, nixl, &wheel) {
+        match ensure_venv(sh, root, minor, nixl, &wheel) {
             Ok(Some(venv)) => {
                 eprintln!(
                     "xtask test (python {minor}): pytest, {}",
@@ -387,7 +385,7 @@ pub(crate) fn test(root: &Path) -> bool {
                         "no NIXL runtime: NIXL tests skip"
                     }
                 );
-                ok &= pytest(root, &venv);
+                ok &= pytest(sh, root, &venv);
             }
             Ok(None) => eprintln!(
                 "xtask test (python {minor}): skipped: no ~/.pyenv/versions/{minor}.*/bin/python3 and python3 is another version"
@@ -404,19 +402,17 @@ pub(crate) fn test(root: &Path) -> bool {
 /// `mypy --strict` and pyright on the typed Dynamo-style worker and the
 /// package (configs in `tests/typing`), and mypy's stubtest of the native
 /// module's stubs against the built wheel.
-fn typecheck(root: &Path, wheel: &Path) -> bool {
+fn typecheck(sh: &Shell, root: &Path, wheel: &Path) -> bool {
     let checked = (|| -> Result<(PathBuf, PathBuf), String> {
-        let tools = ensure_tools(root)?;
+        let tools = ensure_tools(sh, root)?;
         let node = root.join("target/node-tools");
         let pyright = node.join("node_modules/.bin/pyright");
         let stamp = node.join(".complete");
         if !std::fs::read_to_string(&stamp).is_ok_and(|s| s == PYRIGHT) {
-            run_quiet(
-                Command::new("npm")
-                    .args(["install", "--silent", "--no-audit", "--no-fund", "--prefix"])
-                    .arg(&node)
-                    .arg(PYRIGHT),
-            )
+            run_quiet(cmd!(
+                sh,
+                "npm install --silent --no-audit --no-fund --prefix {node} {PYRIGHT}"
+            ))
             .map_err(|e| {
                 format!("{e} (pyright needs Node.js and npm: apt-get install -y nodejs npm)")
             })?;
@@ -424,7 +420,7 @@ fn typecheck(root: &Path, wheel: &Path) -> bool {
                 .map_err(|e| format!("write {}: {e}", stamp.display()))?;
         }
         run_quiet(
-            crate::pip(&tools, "install")
+            pip(sh, &tools, "install")
                 .args(["--no-deps", "--force-reinstall"])
                 .arg(wheel),
         )?;
@@ -438,22 +434,19 @@ fn typecheck(root: &Path, wheel: &Path) -> bool {
         }
     };
     let typing = root.join(PACKAGE_DIR).join("tests/typing");
-    let mut mypy = Command::new(&tools);
-    mypy.args(["-m", "mypy"]);
-    let mut pyright_cmd = Command::new(&pyright);
-    pyright_cmd.arg("--pythonpath").arg(&tools);
-    let mut stubtest = Command::new(&tools);
-    stubtest.args(["-m", "mypy.stubtest", "nixl_connect"]);
+    let types = {
+        let _typing = sh.push_dir(&typing);
+        run(cmd!(sh, "{tools} -m mypy")) & run(cmd!(sh, "{pyright} --pythonpath {tools}"))
+    };
     // stubtest imports the installed package: from outside the source tree.
-    crate::run(&typing, mypy)
-        & crate::run(&typing, pyright_cmd)
-        & crate::run(&root.join("target"), stubtest)
+    let _target = sh.push_dir(root.join("target"));
+    types & run(cmd!(sh, "{tools} -m mypy.stubtest nixl_connect"))
 }
 
 /// `cargo xtask test --quick`'s Python step: the wheel, then the suite in
 /// the 3.11 virtualenv on loopback only.
-pub(crate) fn quick(root: &Path) -> bool {
-    let venv = build_wheel(root).and_then(|wheel| ensure_venv(root, "3.11", true, &wheel));
+pub(crate) fn quick(sh: &Shell, root: &Path) -> bool {
+    let venv = build_wheel(sh, root).and_then(|wheel| ensure_venv(sh, root, "3.11", true, &wheel));
     let venv = match venv {
         Ok(Some(venv)) => venv,
         Ok(None) => {
@@ -465,26 +458,20 @@ pub(crate) fn quick(root: &Path) -> bool {
             return false;
         }
     };
-    let mut cmd = Command::new(&venv.python);
-    cmd.args([
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "-k",
-        "not nixl",
-    ])
-    .arg(root.join(PACKAGE_DIR).join("tests"))
+    let python = &venv.python;
+    let tests = root.join(PACKAGE_DIR).join("tests");
+    run(cmd!(
+        sh,
+        "{python} -m pytest -q -p no:cacheprovider -k 'not nixl' {tests}"
+    )
     .envs(test_env(&venv))
     .env_remove("NIXL_TESTS_REQUIRED")
-    .env_remove("VIRTUAL_ENV");
-    crate::run(root, cmd)
+    .env_remove("VIRTUAL_ENV"))
 }
 
 /// `cargo xtask wheel`.
-pub(crate) fn wheel(root: &Path) -> Result<(), u8> {
-    match build_wheel(root) {
+pub(crate) fn wheel(sh: &Shell, root: &Path) -> Result<(), u8> {
+    match build_wheel(sh, root) {
         Ok(wheel) => {
             println!("{}", wheel.display());
             Ok(())
@@ -503,18 +490,17 @@ pub(crate) fn venv_exists(root: &Path) -> bool {
 }
 
 /// `cargo xtask bench --python`: the Python package against Dynamo's module.
-pub(crate) fn bench(ws: &crate::Workspace, quick: bool) -> Result<(), u8> {
+pub(crate) fn bench(sh: &Shell, ws: &crate::Workspace, quick: bool) -> Result<(), u8> {
     let root = ws.root.as_path();
-    let venv = build_wheel(root)
-        .and_then(|wheel| ensure_venv(root, "3.11", true, &wheel))
+    let venv = build_wheel(sh, root)
+        .and_then(|wheel| ensure_venv(sh, root, "3.11", true, &wheel))
         .and_then(|venv| venv.ok_or_else(|| "no CPython 3.11 here".to_owned()))
         .map_err(|e| {
             eprintln!("xtask bench --python: {e}");
             1
         })?;
-    let mut build = crate::cargo();
-    build.args(["build", "--quiet", "--release", "-p", "bench"]);
-    if !crate::run(root, build) {
+    let cargo = crate::cargo();
+    if !run(cmd!(sh, "{cargo} build --quiet --release -p bench")) {
         return Err(1);
     }
     let out = root.join("target/bench");
@@ -522,24 +508,20 @@ pub(crate) fn bench(ws: &crate::Workspace, quick: bool) -> Result<(), u8> {
         eprintln!("xtask bench --python: create {}: {e}", out.display());
         1
     })?;
-    let mut cmd = Command::new(&venv.python);
-    cmd.arg(root.join(PACKAGE_DIR).join("bench/bench.py"))
-        .arg("--report")
-        .arg(out.join("report.json"))
-        .envs(test_env(&venv))
-        .env(
-            "NIXL_CONNECT_RUST_WORKER",
-            ws.target.join("release").join("bench"),
-        )
-        .env_remove("VIRTUAL_ENV")
-        .env_remove("NIXL_RUNTIME_DIR")
-        .env_remove("NIXL_CAPI_LIB");
-    if quick {
-        cmd.arg("--quick");
-    }
-    if crate::run(root, cmd) {
-        Ok(())
-    } else {
-        Err(1)
-    }
+    let python = &venv.python;
+    let script = root.join(PACKAGE_DIR).join("bench/bench.py");
+    let report = out.join("report.json");
+    let quick_flag = quick.then_some("--quick");
+    let measured = run(
+        cmd!(sh, "{python} {script} --report {report} {quick_flag...}")
+            .envs(test_env(&venv))
+            .env(
+                "NIXL_CONNECT_RUST_WORKER",
+                ws.target.join("release").join("bench"),
+            )
+            .env_remove("VIRTUAL_ENV")
+            .env_remove("NIXL_RUNTIME_DIR")
+            .env_remove("NIXL_CAPI_LIB"),
+    );
+    if measured { Ok(()) } else { Err(1) }
 }
