@@ -914,7 +914,7 @@ impl RegistrationBackend for NixlBackend {
         // The initiating agent runs no NIXL thread: the watcher moves a
         // transfer on (and sends its notification) when nobody waits on it,
         // and leaves alone one that a waiting thread polls. A small one is
-        // handed over only in `watch` (`WATCH_AT_POST`).
+        // handed over only in `awaiting_end` (`WATCH_AT_POST`).
         if matches!(state, TransferState::InProgress) && request.bytes() > WATCH_AT_POST {
             self.live.kick(0);
         }
@@ -941,7 +941,7 @@ impl RegistrationBackend for NixlBackend {
         crate::progress::WAIT_ASSIST
     }
 
-    fn watch(&self, transfer: TransferId) {
+    fn awaiting_end(&self, transfer: TransferId) {
         let unfinished = lock(&self.live.transfers)
             .get(&transfer.0)
             .is_some_and(|t| t.finished.is_none());

@@ -90,7 +90,7 @@ pub(crate) const WAIT_ASSIST: Duration = Duration::from_micros(200);
 const ASSISTED: Duration = Duration::from_micros(20);
 /// A transfer of more bytes than this is handed to the watcher when it is
 /// posted; a smaller one only once the connector waits on it
-/// (`RegistrationBackend::watch`), or is cancelled. Waking the sleeping
+/// (`RegistrationBackend::awaiting_end`), or is cancelled. Waking the sleeping
 /// watcher at the post cost a 4 KiB transfer that followed a 2 ms pause
 /// 15-30 µs between processes (three runs each way). The price: a small
 /// transfer that nobody waits on, polls or cancels is moved on (its

@@ -335,12 +335,12 @@ pub trait RegistrationBackend: Send + Sync + 'static {
     /// report the end of `transfer`: a blocked waiter stopped polling it
     /// itself and is about to sleep, or a future is waiting for it. Called
     /// from the waiting thread, with no lock of the connector held; must not
-    /// block. A backend that does not watch a fresh transfer until somebody
+    /// block. A backend that does not follow a fresh transfer until somebody
     /// depends on it (NIXL, for small transfers: waking its watcher thread
     /// at the post costs more than the posting thread, which usually polls
-    /// the transfer itself, needs) starts watching it here (default: nothing
+    /// the transfer itself, needs) starts following it here (default: nothing
     /// to do).
-    fn watch(&self, transfer: TransferId) {
+    fn awaiting_end(&self, transfer: TransferId) {
         let _ = transfer;
     }
 
@@ -408,8 +408,8 @@ impl<B: RegistrationBackend + ?Sized> RegistrationBackend for Box<B> {
     fn wait_assist(&self) -> std::time::Duration {
         (**self).wait_assist()
     }
-    fn watch(&self, transfer: TransferId) {
-        (**self).watch(transfer);
+    fn awaiting_end(&self, transfer: TransferId) {
+        (**self).awaiting_end(transfer);
     }
     fn set_event_hook(&self, hook: EventHook) -> bool {
         (**self).set_event_hook(hook)

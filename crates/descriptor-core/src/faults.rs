@@ -560,8 +560,8 @@ impl<B: RegistrationBackend> RegistrationBackend for Faulty<B> {
         self.shared.inner.wait_assist()
     }
 
-    fn watch(&self, transfer: TransferId) {
-        self.shared.inner.watch(transfer);
+    fn awaiting_end(&self, transfer: TransferId) {
+        self.shared.inner.awaiting_end(transfer);
     }
 
     fn set_event_hook(&self, hook: EventHook) -> bool {
