@@ -51,11 +51,20 @@
 //! [`load_remote`]: descriptor_core::RegistrationBackend::load_remote
 
 mod agent_metadata;
+mod agents;
 mod backend;
+mod builder;
 mod peers;
-mod progress;
+mod route;
 pub mod runtime;
+mod scope;
+mod transfer;
+mod tuning;
+mod watcher;
 
-pub use backend::{MetadataScope, NixlBackend, NixlBackendBuilder};
+pub use backend::NixlBackend;
+pub use builder::NixlBackendBuilder;
 pub use nixl_sys::ThreadSync;
 pub use runtime::LogLevel;
+pub use scope::MetadataScope;
+pub use tuning::{Notifications, Tuning};
