@@ -11,10 +11,12 @@
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use descriptor_core::{Device, DeviceKind, Error, Result, Segment, Side};
 use nixl_sys::{
     Agent, MemType, MemoryRegion, NixlDescriptor, NixlError, RegistrationHandle, XferDescList,
+    XferOp, XferStatus,
 };
 
 use crate::agent_metadata::{self, AgentMetadata};
@@ -24,6 +26,9 @@ use crate::route::{self, LoadOutcome, Notifier, NotifierLoad, Poster};
 use crate::tuning::Notifications;
 
 pub(crate) const NAME: &str = "nixl";
+
+/// How long [`NixlBackend::warm_up`] waits for its one-byte READ.
+const WARM_UP_WAIT: Duration = Duration::from_secs(10);
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -329,7 +334,18 @@ impl NixlBackend {
             .agents
             .initiating()
             .load_remote_md(blob)
-            .map_err(|e| nixl_error(context(), e))?;
+            .map_err(|e| match e {
+                NixlError::BackendError if self.unreachable(blob) => Error::backend(
+                    NAME,
+                    format!(
+                        "peer unreachable (exited?): UCX cannot connect to peer {peer:?} \
+                         with the connection info in its metadata; {}",
+                        context()
+                    ),
+                    e,
+                ),
+                e => nixl_error(context(), e),
+            })?;
         if loaded == nixl_name {
             Ok(())
         } else {
@@ -339,6 +355,138 @@ impl NixlBackend {
                 format!("NIXL loaded it as {loaded:?}"),
             ))
         }
+    }
+
+    /// Whether the peer of `blob`, a blob the initiating agent just refused
+    /// with a backend error, cannot be reached at all: NIXL 1.5.1 reports a
+    /// peer that exited (UCX: connection refused) only on stderr, as the
+    /// same BACKEND error as a region it refuses. So the peer's connection
+    /// info alone is loaded under a name of its own: refused too, the
+    /// connection is what failed. Taken only on that error path.
+    fn unreachable(&self, blob: &[u8]) -> bool {
+        let Ok(md) = AgentMetadata::parse(blob) else {
+            return false;
+        };
+        let probe = format!("{}#reach", md.name);
+        let conns_only = AgentMetadata {
+            name: probe.clone(),
+            conns: md.conns,
+            sections: Vec::new(),
+        };
+        let initiating = self.live.agents.initiating();
+        match initiating.load_remote_md(&conns_only.to_blob(&probe)) {
+            Ok(_) => {
+                if let Err(error) = initiating.invalidate_remote_md(&probe) {
+                    tracing::debug!(%probe, %error, "unloading the reachability probe failed");
+                }
+                false
+            }
+            Err(error) => {
+                tracing::debug!(peer = %md.name, %error, "the peer's connection info alone is refused: unreachable");
+                matches!(error, NixlError::BackendError)
+            }
+        }
+    }
+
+    /// Makes the first transfers to `peer`, loaded already, as fast as the
+    /// steady ones: a one-byte READ of the peer's first host region (nothing
+    /// written there, nobody notified) through each agent that may post to
+    /// it, which sets up what UCX makes only on a first transfer. NIXL's
+    /// `make_connection` is not enough: it returns before the peer answered,
+    /// and the first transfer after it was as slow as without it
+    /// (docs/decisions/0008-no-proactive-make-connection.md). A peer with no
+    /// host region (only GPU memory) is only loaded.
+    pub fn warm_up(&self, peer: &str) -> Result<()> {
+        let nixl_peer = self.nixl_name(peer);
+        let Some(md) = lock(&self.peers).recorded(peer) else {
+            return Ok(());
+        };
+        // NIXL's memory-type number of host memory (DRAM_SEG).
+        let host = md
+            .sections
+            .iter()
+            .filter(|s| s.mem == 0)
+            .flat_map(|s| &s.regions)
+            .find(|r| r.len > 0);
+        let Some(region) = host else {
+            tracing::debug!(%peer, "no host region to warm up with");
+            return Ok(());
+        };
+        let agents = &self.live.agents;
+        self.warm_read(
+            agents.initiating(),
+            peer,
+            &nixl_peer,
+            region.addr,
+            region.dev,
+        )?;
+        if agents.two() && agents.notifiers.get(&nixl_peer) == Notifier::Proving {
+            // The first transfers go through the serving agent (the proving
+            // route): warm its endpoint too.
+            self.warm_read(&agents.serving, peer, &nixl_peer, region.addr, region.dev)?;
+        }
+        Ok(())
+    }
+
+    /// A one-byte READ from `addr` of the peer through `agent`, into a
+    /// buffer registered for it alone, waited for (bounded).
+    fn warm_read(
+        &self,
+        agent: &Agent,
+        peer: &str,
+        nixl_peer: &str,
+        addr: u64,
+        dev: u64,
+    ) -> Result<()> {
+        let context = || format!("warm up the connection to peer {peer:?}");
+        let fail = |e: NixlError| nixl_error(context(), e);
+        let buffer = vec![0u8; 1].into_boxed_slice();
+        let range = Range {
+            addr: buffer.as_ptr().expose_provenance(),
+            len: buffer.len(),
+            mem: MemType::Dram,
+            device: 0,
+        };
+        // Registered with the posting agent alone, and deregistered below
+        // (the handle dropped) before the buffer is freed.
+        let handle = agent.register_memory(&range, None).map_err(fail)?;
+        let mut local = XferDescList::new(MemType::Dram).map_err(fail)?;
+        local.add_desc(range.addr, 1, 0);
+        let mut remote = XferDescList::new(MemType::Dram).map_err(fail)?;
+        let remote_addr = usize::try_from(addr).map_err(|_| {
+            Error::backend(
+                NAME,
+                context(),
+                format!("remote address {addr:#x} does not fit"),
+            )
+        })?;
+        remote.add_desc(remote_addr, 1, dev);
+        let xfer = agent
+            .create_xfer_req(XferOp::Read, &local, &remote, nixl_peer, None)
+            .map_err(fail)?;
+        let posted = agent.post_xfer_req(&xfer, None);
+        let deadline = Instant::now() + WARM_UP_WAIT;
+        let status = loop {
+            match agent.get_xfer_status(&xfer) {
+                Ok(XferStatus::InProgress) if Instant::now() < deadline => std::thread::yield_now(),
+                status => break status,
+            }
+        };
+        if let Ok(XferStatus::InProgress) = status {
+            // NIXL may still write the buffer: it, its registration and the
+            // request are leaked, not freed (one byte).
+            std::mem::forget((xfer, handle, buffer));
+            return Err(Error::backend(
+                NAME,
+                context(),
+                format!("the one-byte READ did not end within {WARM_UP_WAIT:?}"),
+            ));
+        }
+        drop(xfer);
+        drop(handle);
+        drop(buffer);
+        posted.map_err(fail)?;
+        status.map(|_| ()).map_err(fail)
     }
 
     /// After the initiating agent refused a blob of `peer` under

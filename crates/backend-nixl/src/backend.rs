@@ -347,6 +347,12 @@ impl RegistrationBackend for NixlBackend {
         Ok(())
     }
 
+    /// A one-byte READ through each agent that posts to the peer: see
+    /// [`NixlBackend::warm_up`].
+    fn warm_up(&self, peer: &str) -> Result<()> {
+        NixlBackend::warm_up(self, peer)
+    }
+
     fn set_event_hook(&self, hook: EventHook) -> bool {
         if !self.live.set_hook(hook) {
             return false;

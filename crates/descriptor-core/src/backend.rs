@@ -344,6 +344,16 @@ pub trait RegistrationBackend: Send + Sync + 'static {
         let _ = transfer;
     }
 
+    /// Makes the connection to `peer` (loaded with
+    /// [`load_remote`](Self::load_remote)) now, so that the first transfer to
+    /// it does not pay for the connection's setup; returns once it is made
+    /// or failed. Called from a user thread with no lock of the connector
+    /// held; may block (default: nothing to make, `Ok`).
+    fn warm_up(&self, peer: &str) -> Result<()> {
+        let _ = peer;
+        Ok(())
+    }
+
     /// Installs the hook an event-driven backend calls on every completion and
     /// notification, and returns true; a backend that must be polled returns false.
     fn set_event_hook(&self, hook: EventHook) -> bool {
@@ -410,6 +420,9 @@ impl<B: RegistrationBackend + ?Sized> RegistrationBackend for Box<B> {
     }
     fn awaiting_end(&self, transfer: TransferId) {
         (**self).awaiting_end(transfer);
+    }
+    fn warm_up(&self, peer: &str) -> Result<()> {
+        (**self).warm_up(peer)
     }
     fn set_event_hook(&self, hook: EventHook) -> bool {
         (**self).set_event_hook(hook)

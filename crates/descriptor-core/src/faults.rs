@@ -564,6 +564,10 @@ impl<B: RegistrationBackend> RegistrationBackend for Faulty<B> {
         self.shared.inner.awaiting_end(transfer);
     }
 
+    fn warm_up(&self, peer: &str) -> Result<()> {
+        self.shared.inner.warm_up(peer)
+    }
+
     fn set_event_hook(&self, hook: EventHook) -> bool {
         let accepted = self.shared.inner.set_event_hook(Arc::clone(&hook));
         if accepted {
