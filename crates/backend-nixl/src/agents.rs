@@ -203,8 +203,8 @@ pub(crate) fn malformed(error: agent_metadata::Malformed) -> Error {
     }
 }
 
-/// Loading and unloading peers (see [`crate::peers`] for the plan, and
-/// [`crate::route`] for the serving agent's part).
+// Loading and unloading peers (`crate::peers` has the plan, `crate::route`
+// the serving agent's part), and warming their connections up.
 impl NixlBackend {
     /// Loads a peer's checked metadata into the agents.
     pub(crate) fn load_peer(&self, md: &AgentMetadata) -> Result<()> {
