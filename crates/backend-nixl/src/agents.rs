@@ -539,3 +539,18 @@ impl NixlBackend {
         agents.initiating().invalidate_remote_md(nixl_name)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::mem_of;
+    use descriptor_core::{Device, Error};
+
+    #[test]
+    fn rocm_memory_is_unsupported() {
+        assert!(matches!(
+            mem_of(Device::rocm(0)),
+            Err(Error::Unsupported { .. })
+        ));
+        assert_eq!(mem_of(Device::cuda(3)).ok().map(|(_, d)| d), Some(3));
+    }
+}

@@ -66,27 +66,6 @@ impl std::fmt::Debug for NixlBackend {
 }
 
 impl NixlBackend {
-    /// The parameters the agent's `plugin` backend runs with (the plugin's
-    /// defaults with the builder's settings applied), as NIXL reports them;
-    /// `None` if the agent did not load `plugin`.
-    pub fn plugin_params(&self, plugin: &str) -> Result<Option<Vec<(String, String)>>> {
-        let agent = &self.live.agents.serving;
-        let Some(backend) = agent.get_backend(plugin) else {
-            return Ok(None);
-        };
-        let context = || format!("read {plugin} parameters (agent {:?})", self.name);
-        let (_, params) = agent
-            .get_backend_params(&backend)
-            .map_err(|e| nixl_error(context(), e))?;
-        let pairs = params
-            .iter()
-            .map_err(|e| nixl_error(context(), e))?
-            .map(|pair| pair.map(|(k, v)| (k.to_owned(), v.to_owned())))
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| nixl_error(context(), e))?;
-        Ok(Some(pairs))
-    }
-
     pub(crate) fn id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
@@ -393,20 +372,5 @@ impl Drop for NixlBackend {
         }
         lock(&self.live.transfers).clear();
         lock(&self.regions).clear();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use crate::agents::mem_of;
-    use descriptor_core::{Device, Error};
-
-    #[test]
-    fn rocm_memory_is_unsupported() {
-        assert!(matches!(
-            mem_of(Device::rocm(0)),
-            Err(Error::Unsupported { .. })
-        ));
-        assert_eq!(mem_of(Device::cuda(3)).ok().map(|(_, d)| d), Some(3));
     }
 }

@@ -57,6 +57,27 @@ impl NixlBackend {
             log_level: None,
         }
     }
+
+    /// The parameters the agent's `plugin` backend runs with (the plugin's
+    /// defaults with the builder's settings applied), as NIXL reports them;
+    /// `None` if the agent did not load `plugin`.
+    pub fn plugin_params(&self, plugin: &str) -> Result<Option<Vec<(String, String)>>> {
+        let agent = &self.live.agents.serving;
+        let Some(backend) = agent.get_backend(plugin) else {
+            return Ok(None);
+        };
+        let context = || format!("read {plugin} parameters (agent {:?})", self.name);
+        let (_, params) = agent
+            .get_backend_params(&backend)
+            .map_err(|e| nixl_error(context(), e))?;
+        let pairs = params
+            .iter()
+            .map_err(|e| nixl_error(context(), e))?
+            .map(|pair| pair.map(|(k, v)| (k.to_owned(), v.to_owned())))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| nixl_error(context(), e))?;
+        Ok(Some(pairs))
+    }
 }
 
 impl NixlBackendBuilder {
