@@ -19,6 +19,20 @@
 //! # Ok::<(), descriptor_core::Error>(())
 //! ```
 //!
+//! # Policy and tuning
+//!
+//! Which agent posts a transfer and how its notification travels is
+//! [`Notifications`] (set with [`NixlBackendBuilder::notifications`]); every
+//! timing knob is a field of [`Tuning`] ([`NixlBackendBuilder::tuning`]),
+//! each linked to the decision record that measured it.
+//!
+//! The first transfer between two fresh processes pays for UCX's connection
+//! setup (tens of milliseconds, against about one steady): a one-shot user
+//! calls [`Connector::warm_up`](descriptor_core::Connector::warm_up) with the
+//! peer's metadata first. A peer that cannot be reached (exited) makes
+//! loading its metadata fail with an error that says "peer unreachable
+//! (exited?)".
+//!
 //! # What NIXL enforces
 //!
 //! NIXL checks remote ranges against the peer metadata the *initiator* loaded,
@@ -51,11 +65,20 @@
 //! [`load_remote`]: descriptor_core::RegistrationBackend::load_remote
 
 mod agent_metadata;
+mod agents;
 mod backend;
+mod builder;
 mod peers;
-mod progress;
+mod route;
 pub mod runtime;
+mod scope;
+mod transfer;
+mod tuning;
+mod watcher;
 
-pub use backend::{MetadataScope, NixlBackend, NixlBackendBuilder};
+pub use backend::NixlBackend;
+pub use builder::NixlBackendBuilder;
 pub use nixl_sys::ThreadSync;
 pub use runtime::LogLevel;
+pub use scope::MetadataScope;
+pub use tuning::{Notifications, Tuning};

@@ -76,7 +76,7 @@ fn write_once(from: &NixlBackend, to: &NixlBackend, len: usize, follow: Follow) 
     // buffer lives until the transfer has ended and was released (below).
     let posted = unsafe { from.post(&request) }.unwrap();
     if follow == Follow::HandsOff {
-        from.watch(posted.id);
+        from.awaiting_end(posted.id);
     }
     let started = Instant::now();
     let mut got = Vec::new();

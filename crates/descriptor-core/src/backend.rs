@@ -335,13 +335,23 @@ pub trait RegistrationBackend: Send + Sync + 'static {
     /// report the end of `transfer`: a blocked waiter stopped polling it
     /// itself and is about to sleep, or a future is waiting for it. Called
     /// from the waiting thread, with no lock of the connector held; must not
-    /// block. A backend that does not watch a fresh transfer until somebody
+    /// block. A backend that does not follow a fresh transfer until somebody
     /// depends on it (NIXL, for small transfers: waking its watcher thread
     /// at the post costs more than the posting thread, which usually polls
-    /// the transfer itself, needs) starts watching it here (default: nothing
+    /// the transfer itself, needs) starts following it here (default: nothing
     /// to do).
-    fn watch(&self, transfer: TransferId) {
+    fn awaiting_end(&self, transfer: TransferId) {
         let _ = transfer;
+    }
+
+    /// Makes the connection to `peer` (loaded with
+    /// [`load_remote`](Self::load_remote)) now, so that the first transfer to
+    /// it does not pay for the connection's setup; returns once it is made
+    /// or failed. Called from a user thread with no lock of the connector
+    /// held; may block (default: nothing to make, `Ok`).
+    fn warm_up(&self, peer: &str) -> Result<()> {
+        let _ = peer;
+        Ok(())
     }
 
     /// Installs the hook an event-driven backend calls on every completion and
@@ -408,8 +418,11 @@ impl<B: RegistrationBackend + ?Sized> RegistrationBackend for Box<B> {
     fn wait_assist(&self) -> std::time::Duration {
         (**self).wait_assist()
     }
-    fn watch(&self, transfer: TransferId) {
-        (**self).watch(transfer);
+    fn awaiting_end(&self, transfer: TransferId) {
+        (**self).awaiting_end(transfer);
+    }
+    fn warm_up(&self, peer: &str) -> Result<()> {
+        (**self).warm_up(peer)
     }
     fn set_event_hook(&self, hook: EventHook) -> bool {
         (**self).set_event_hook(hook)

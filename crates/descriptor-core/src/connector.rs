@@ -152,6 +152,27 @@ impl Connector {
         self.inner.remotes.unload_idle();
     }
 
+    /// Loads the peer `remote` names and makes the backend's connection to
+    /// it now, so that the first [`begin_read`](Self::begin_read) or
+    /// [`begin_write`](Self::begin_write) to it does not pay for the
+    /// connection's setup (NIXL between two fresh processes: tens of
+    /// milliseconds for the first transfer, against about one steady). The
+    /// peer stays loaded, idle ([`ConnectorBuilder::max_idle_peers`]), for
+    /// the operations that follow. A backend without connections to make
+    /// (loopback) only loads the peer.
+    ///
+    /// # Errors
+    ///
+    /// What loading the peer would give `begin_read` (malformed metadata, a
+    /// peer that cannot be reached), or the backend's failure to connect.
+    pub fn warm_up(&self, remote: &RdmaMetadata) -> Result<()> {
+        let lease = self.inner.remotes.acquire(remote.agent_metadata())?;
+        let span =
+            tracing::debug_span!("warm_up", connector = %self.inner.name, peer = %lease.peer());
+        let _entered = span.enter();
+        self.inner.backend.warm_up(lease.peer())
+    }
+
     pub(crate) fn id(&self) -> u64 {
         self.inner.id
     }

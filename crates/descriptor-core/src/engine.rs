@@ -49,8 +49,8 @@ pub(crate) struct Engine {
 /// event when somebody waits for a passive operation of this connector,
 /// otherwise whoever looks next ([`Engine::catch_up`]).
 ///
-/// The event's thread sets `notified`, then reads `watchers`; a waiter
-/// increments `watchers`, then reads `notified`, a `SeqCst` fence between
+/// The event's thread sets `notified`, then reads `waiters`; a waiter
+/// increments `waiters`, then reads `notified`, a `SeqCst` fence between
 /// the write and the read on both sides. So one of the two sees the other's
 /// write: a waiter never sleeps through a notification that nobody delivers
 /// (model-checked in `operation/loom.rs`, which also fails without the
@@ -60,7 +60,7 @@ pub(crate) struct Handoff {
     /// A notification may be waiting in the backend.
     notified: AtomicBool,
     /// Blocked `wait`s and pending futures of passive operations.
-    watchers: AtomicUsize,
+    waiters: AtomicUsize,
 }
 
 impl Handoff {
@@ -69,7 +69,7 @@ impl Handoff {
     pub(crate) fn raise(&self) -> bool {
         self.notified.store(true, Ordering::Release);
         fence(Ordering::SeqCst);
-        self.watchers.load(Ordering::Relaxed) > 0
+        self.waiters.load(Ordering::Relaxed) > 0
     }
 
     /// Takes the flag: true if a notification may be waiting, which the caller
@@ -80,23 +80,23 @@ impl Handoff {
 
     /// Counts a waiter, which must [`claim`](Self::claim) after this, before
     /// it sleeps.
-    pub(crate) fn watch(&self) {
-        self.watchers.fetch_add(1, Ordering::Relaxed);
+    pub(crate) fn add_waiter(&self) {
+        self.waiters.fetch_add(1, Ordering::Relaxed);
         fence(Ordering::SeqCst);
     }
 
-    pub(crate) fn unwatch(&self) {
-        self.watchers.fetch_sub(1, Ordering::Relaxed);
+    pub(crate) fn remove_waiter(&self) {
+        self.waiters.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
 /// A waiter for a passive operation, counted in its engine's [`Handoff`] while
 /// it lives.
-pub(crate) struct Watch(Arc<Engine>);
+pub(crate) struct PassiveWaiter(Arc<Engine>);
 
-impl Drop for Watch {
+impl Drop for PassiveWaiter {
     fn drop(&mut self) {
-        self.0.handoff.unwatch();
+        self.0.handoff.remove_waiter();
     }
 }
 
@@ -160,9 +160,9 @@ impl Engine {
 
     /// Counts a waiter for a passive operation until the guard drops. The
     /// waiter must [`catch_up`](Self::catch_up) after this, before it sleeps.
-    pub(crate) fn watch(self: &Arc<Self>) -> Watch {
-        self.handoff.watch();
-        Watch(Arc::clone(self))
+    pub(crate) fn count_waiter(self: &Arc<Self>) -> PassiveWaiter {
+        self.handoff.add_waiter();
+        PassiveWaiter(Arc::clone(self))
     }
 
     /// Delivers the notifications that arrived since anyone last looked, if

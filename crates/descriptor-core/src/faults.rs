@@ -560,8 +560,12 @@ impl<B: RegistrationBackend> RegistrationBackend for Faulty<B> {
         self.shared.inner.wait_assist()
     }
 
-    fn watch(&self, transfer: TransferId) {
-        self.shared.inner.watch(transfer);
+    fn awaiting_end(&self, transfer: TransferId) {
+        self.shared.inner.awaiting_end(transfer);
+    }
+
+    fn warm_up(&self, peer: &str) -> Result<()> {
+        self.shared.inner.warm_up(peer)
     }
 
     fn set_event_hook(&self, hook: EventHook) -> bool {

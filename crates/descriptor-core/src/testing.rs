@@ -71,7 +71,7 @@ pub(crate) struct Scripted {
     pub(crate) polls_before_done: AtomicUsize,
     /// What `wait_assist` answers.
     pub(crate) assist: Mutex<std::time::Duration>,
-    /// Calls to `watch`.
+    /// Calls to `awaiting_end`.
     pub(crate) watched: AtomicUsize,
     /// When set, `release` blocks until this receives (or its sender is
     /// dropped): a settle caught in the middle.
@@ -308,7 +308,7 @@ impl RegistrationBackend for Scripted {
         *self.assist.lock().unwrap()
     }
 
-    fn watch(&self, _transfer: TransferId) {
+    fn awaiting_end(&self, _transfer: TransferId) {
         self.watched.fetch_add(1, Ordering::SeqCst);
     }
 

@@ -405,10 +405,10 @@ fn loom_a_deferred_notification_reaches_its_waiter() {
             let deferred = Arc::clone(&deferred);
             thread::spawn(move || deferred.catch_up())
         };
-        deferred.handoff.watch();
+        deferred.handoff.add_waiter();
         deferred.catch_up();
         let waited = deferred.op.wait(None);
-        deferred.handoff.unwatch();
+        deferred.handoff.remove_waiter();
         peer.join().unwrap();
         looker.join().unwrap();
         assert!(waited.is_ok());
@@ -423,7 +423,7 @@ fn loom_a_deferred_notification_wakes_a_pending_future() {
     model(|| {
         let (deferred, peer) = Deferred::with_peer();
         let woken = Arc::new(Counting(StdAtomicUsize::new(0)));
-        deferred.handoff.watch();
+        deferred.handoff.add_waiter();
         deferred.catch_up();
         let waker = Waker::from(Arc::clone(&woken));
         let polled = deferred
@@ -437,7 +437,7 @@ fn loom_a_deferred_notification_wakes_a_pending_future() {
                 "the future slept through its notification"
             );
         }
-        deferred.handoff.unwatch();
+        deferred.handoff.remove_waiter();
         assert_eq!(deferred.op.status(), OperationStatus::Complete);
     });
 }

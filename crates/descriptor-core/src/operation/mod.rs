@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use crate::connector::Connector;
 use crate::descriptor::Descriptor;
-use crate::engine::Watch;
+use crate::engine::PassiveWaiter;
 use crate::error::{Error, Result};
 use crate::metadata::RdmaMetadata;
 use state::{OpShared, Outcome};
@@ -60,10 +60,10 @@ impl Progress {
 
     /// Counts a waiter for a passive operation, so that its notification is
     /// delivered as it arrives; then catches up with what arrived before.
-    fn watch(&self) -> Option<Watch> {
-        let watch = self.passive.as_ref().map(|c| c.engine().watch());
+    fn count_waiter(&self) -> Option<PassiveWaiter> {
+        let waiter = self.passive.as_ref().map(|c| c.engine().count_waiter());
         self.catch_up();
-        watch
+        waiter
     }
 
     fn status(&self) -> OperationStatus {
@@ -72,7 +72,7 @@ impl Progress {
     }
 
     fn wait(&self, timeout: Option<Duration>) -> Result<()> {
-        let _watch = self.watch();
+        let _waiter = self.count_waiter();
         self.shared.wait(timeout)
     }
 
@@ -80,17 +80,17 @@ impl Progress {
     fn poll(
         &self,
         slot: &mut Option<u64>,
-        watch: &mut Option<Watch>,
+        waiter: &mut Option<PassiveWaiter>,
         cx: &mut Context<'_>,
     ) -> Poll<Result<()>> {
-        if watch.is_none() {
-            *watch = self.watch();
+        if waiter.is_none() {
+            *waiter = self.count_waiter();
         } else {
             self.catch_up();
         }
         let polled = self.shared.poll_settled(slot, cx);
         if polled.is_ready() {
-            *watch = None;
+            *waiter = None;
         }
         polled
     }
@@ -166,14 +166,14 @@ pub struct Completion {
     /// This future's waker slot in the operation, once polled.
     slot: Option<u64>,
     /// Counts this future as a waiter of a passive operation while pending.
-    watch: Option<Watch>,
+    waiter: Option<PassiveWaiter>,
 }
 
 impl Future for Completion {
     type Output = Result<()>;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
         let this = self.get_mut();
-        this.progress.poll(&mut this.slot, &mut this.watch, cx)
+        this.progress.poll(&mut this.slot, &mut this.waiter, cx)
     }
 }
 
@@ -199,7 +199,7 @@ impl std::fmt::Debug for Completion {
 pub struct OperationFuture {
     core: Option<OperationCore>,
     slot: Option<u64>,
-    watch: Option<Watch>,
+    waiter: Option<PassiveWaiter>,
 }
 
 impl Future for OperationFuture {
@@ -209,7 +209,7 @@ impl Future for OperationFuture {
         let Some(core) = this.core.as_ref() else {
             return Poll::Ready(Err(Error::PolledAfterCompletion));
         };
-        match core.progress.poll(&mut this.slot, &mut this.watch, cx) {
+        match core.progress.poll(&mut this.slot, &mut this.waiter, cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(result) => {
                 // Settled: the operation took every waker out already.
@@ -281,7 +281,7 @@ macro_rules! operation_common {
                 Completion {
                     progress: self.core.progress.clone(),
                     slot: None,
-                    watch: None,
+                    waiter: None,
                 }
             }
 
@@ -337,7 +337,7 @@ macro_rules! operation_common {
                 OperationFuture {
                     core: Some(self.core),
                     slot: None,
-                    watch: None,
+                    waiter: None,
                 }
             }
         }

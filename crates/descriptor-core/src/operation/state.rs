@@ -632,7 +632,7 @@ impl OpShared {
                 watched = true;
                 drop(st);
                 // A backend call: not under the lock.
-                self.backend.watch(id);
+                self.backend.awaiting_end(id);
                 st = self.lock();
                 continue;
             }
@@ -687,7 +687,7 @@ impl OpShared {
         drop(replaced);
         if let Some(transfer) = watch {
             // A backend call: not under the lock.
-            self.backend.watch(transfer);
+            self.backend.awaiting_end(transfer);
         }
         Poll::Pending
     }

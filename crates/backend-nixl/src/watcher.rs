@@ -1,0 +1,264 @@
+//! The watcher thread: how the connector learns that something happened.
+//!
+//! NIXL's C API has no completion callback: a transfer's end and a peer's
+//! notification are found by asking (`get_xfer_status`, `get_notifs`). So
+//! each backend has one watcher thread that asks, only while there is
+//! something to wait for (a transfer handed to it, or an exposure a peer may
+//! notify), and calls the connector's [`EventHook`] when it finds
+//! something; the connector's core stays event-driven, with no transport
+//! policy.
+//!
+//! Contract: it spins (yielding) for [`Tuning::spin`] after each exposure,
+//! event or transfer handed to it, then backs off to sleeps that grow from
+//! [`Tuning::first_sleep`] to a cap; a new exposure or a handed transfer
+//! wakes it at once; with nothing to wait for it sleeps until there is. A
+//! transfer a waiting thread polls ([`Asker::Waiter`]) is left to that
+//! thread. Why each number: docs/decisions/0002-watcher-thread.md.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError, TryLockError};
+use std::time::Instant;
+
+use descriptor_core::{EventHook, Notification};
+use nixl_sys::NotificationMap;
+
+use crate::agents::{Agents, lock};
+use crate::transfer::{Asker, Look, Transfer};
+use crate::tuning::Tuning;
+
+thread_local! {
+    /// Whether this thread is a watcher thread (see [`asker`]).
+    static WATCHER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Who is asking, seen from `RegistrationBackend::poll`: the connector's
+/// hook polls transfers from the watcher thread, a waiting user thread
+/// polls its own. The trait does not say which, so the thread tells.
+pub(crate) fn asker() -> Asker {
+    if WATCHER.with(std::cell::Cell::get) {
+        Asker::Internal
+    } else {
+        Asker::Waiter
+    }
+}
+
+/// Why the watcher is woken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kick {
+    /// An exposure was made: a peer may notify from now on.
+    Exposed,
+    /// An exposure was revoked: one notification fewer to expect.
+    Revoked,
+    /// A transfer was handed over (posted large, awaited, or cancelled).
+    Transfer,
+}
+
+/// What the watcher has to look for, shared under [`Live::agenda`].
+#[derive(Default)]
+struct Agenda {
+    /// Exposures a peer may notify.
+    exposures: usize,
+    /// Something new to look at since the watcher last looked.
+    kicked: bool,
+    /// The watcher is blocked on `wake` (set and cleared under the lock).
+    asleep: bool,
+    shutdown: bool,
+}
+
+/// The agents and the state the watcher shares with the backend.
+pub(crate) struct Live {
+    pub(crate) agents: Agents,
+    pub(crate) tuning: Tuning,
+    pub(crate) transfers: Mutex<HashMap<u64, Transfer>>,
+    /// Notifications the watcher collected, for `drain_notifications`.
+    inbox: Mutex<Vec<Notification>>,
+    agenda: Mutex<Agenda>,
+    wake: Condvar,
+    hook: OnceLock<EventHook>,
+}
+
+impl Live {
+    pub(crate) fn new(agents: Agents, tuning: Tuning) -> Live {
+        Live {
+            agents,
+            tuning,
+            transfers: Mutex::new(HashMap::new()),
+            inbox: Mutex::new(Vec::new()),
+            agenda: Mutex::new(Agenda::default()),
+            wake: Condvar::new(),
+            hook: OnceLock::new(),
+        }
+    }
+
+    /// Installs the hook; false if one was installed already.
+    pub(crate) fn set_hook(&self, hook: EventHook) -> bool {
+        self.hook.set(hook).is_ok()
+    }
+
+    pub(crate) fn has_hook(&self) -> bool {
+        self.hook.get().is_some()
+    }
+
+    /// Tells the watcher that something is new to look at.
+    pub(crate) fn kick(&self, kick: Kick) {
+        let mut agenda = lock(&self.agenda);
+        match kick {
+            Kick::Exposed => agenda.exposures = agenda.exposures.saturating_add(1),
+            Kick::Revoked => agenda.exposures = agenda.exposures.saturating_sub(1),
+            Kick::Transfer => {}
+        }
+        agenda.kicked = true;
+        let asleep = agenda.asleep;
+        drop(agenda);
+        // An awake watcher takes `kicked` before it next sleeps: only a
+        // sleeping one needs the wake-up (a system call).
+        if asleep {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Tells the watcher to stop.
+    pub(crate) fn stop(&self) {
+        lock(&self.agenda).shutdown = true;
+        self.wake.notify_one();
+    }
+
+    /// Hands out the notifications collected so far.
+    pub(crate) fn take_inbox(&self) -> Vec<Notification> {
+        std::mem::take(&mut *lock(&self.inbox))
+    }
+
+    /// Asks NIXL for notifications and keeps them; true if any arrived.
+    pub(crate) fn collect_notifications(&self) -> Result<bool, nixl_sys::NixlError> {
+        let mut map = NotificationMap::new()?;
+        self.agents.serving.get_notifications(&mut map, None)?;
+        let senders: Vec<String> = map
+            .agents()
+            .filter_map(|a| a.ok().map(str::to_owned))
+            .collect();
+        let mut arrived = Vec::new();
+        for from in senders {
+            let name: Arc<str> = from.as_str().into();
+            for i in 0..map.get_notifications_size(&from)? {
+                arrived.push(Notification {
+                    from: Arc::clone(&name),
+                    payload: map.get_notification_bytes(&from, i)?.into(),
+                    // NIXL does not say which memory the transfer reached.
+                    exposure: None,
+                });
+            }
+        }
+        if arrived.is_empty() {
+            return Ok(false);
+        }
+        lock(&self.inbox).extend(arrived);
+        Ok(true)
+    }
+
+    /// Checks every unfinished transfer: (any ended, any still in flight).
+    ///
+    /// The watcher never queues for the map: a thread that holds it (a
+    /// waiter polling its own transfer, a post) would then have to wake the
+    /// watcher when it unlocks, a system call on that thread's path. It
+    /// counts the map's transfers as in flight instead and looks again on
+    /// its next pass.
+    fn check_transfers(&self) -> (bool, bool) {
+        let mut transfers = match self.transfers.try_lock() {
+            Ok(transfers) => transfers,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return (false, true),
+        };
+        let mut ended = false;
+        let mut in_flight = false;
+        let mut after = Vec::new();
+        for (&id, t) in transfers.iter_mut() {
+            if t.finished.is_some() {
+                continue;
+            }
+            if t.assisted
+                .is_some_and(|at| at.elapsed() < self.tuning.assisted)
+            {
+                in_flight = true;
+                continue;
+            }
+            match t.look(self.agents.posting(t.route.poster())) {
+                Look::Running => in_flight = true,
+                Look::Ended(_) => ended = true,
+                look @ (Look::Proved { .. } | Look::SendApart(_)) => after.push((id, look)),
+            }
+        }
+        drop(transfers);
+        // Acted on after the lock: sending takes it again to record the end.
+        for (id, look) in after {
+            self.settle(id, look);
+            ended = true;
+        }
+        (ended, in_flight)
+    }
+
+    /// The watcher thread's loop; returns when [`stop`](Self::stop) is called.
+    pub(crate) fn run_watcher(&self) {
+        WATCHER.with(|w| w.set(true));
+        let Tuning {
+            spin,
+            first_sleep,
+            transfer_cap,
+            notify_cap,
+            ..
+        } = self.tuning;
+        let mut spin_until = Instant::now() + spin;
+        let mut sleep = first_sleep;
+        loop {
+            let exposures = {
+                let mut agenda = lock(&self.agenda);
+                if agenda.shutdown {
+                    return;
+                }
+                if std::mem::take(&mut agenda.kicked) {
+                    spin_until = Instant::now() + spin;
+                    sleep = first_sleep;
+                }
+                agenda.exposures
+            };
+            let (ended, in_flight) = self.check_transfers();
+            let notified = exposures > 0
+                && self.collect_notifications().unwrap_or_else(|error| {
+                    tracing::warn!(%error, "getting NIXL notifications failed");
+                    false
+                });
+            if ended || notified {
+                // No lock of ours is held: the hook may call straight back in.
+                if let Some(hook) = self.hook.get() {
+                    hook();
+                }
+                spin_until = Instant::now() + spin;
+                sleep = first_sleep;
+                continue;
+            }
+            if Instant::now() < spin_until {
+                std::thread::yield_now();
+                continue;
+            }
+            let mut agenda = lock(&self.agenda);
+            if agenda.shutdown || agenda.kicked {
+                continue;
+            }
+            agenda.asleep = true;
+            let mut agenda = if !in_flight && agenda.exposures == 0 {
+                // Nothing to wait for: sleep until something is handed over.
+                self.wake
+                    .wait(agenda)
+                    .unwrap_or_else(PoisonError::into_inner)
+            } else {
+                let cap = if in_flight { transfer_cap } else { notify_cap };
+                let nap = sleep.min(cap);
+                sleep = (sleep * 2).min(cap);
+                self.wake
+                    .wait_timeout(agenda, nap)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0
+            };
+            agenda.asleep = false;
+        }
+    }
+}
