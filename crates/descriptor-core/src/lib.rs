@@ -60,8 +60,9 @@ mod operation;
 mod probe;
 mod remote;
 mod sync;
-#[cfg(test)]
-mod testing;
+#[cfg(any(test, feature = "testing"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing;
 
 #[cfg(feature = "conformance")]
 #[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
