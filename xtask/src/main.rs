@@ -705,7 +705,7 @@ fn bench(ws: &Workspace, args: &flags::Bench) -> Result<(), u8> {
     micro.args([
         "bench",
         "-p",
-        "descriptor-core",
+        "backend-loopback",
         "--bench",
         "hot_paths",
         "--",
