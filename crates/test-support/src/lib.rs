@@ -1,6 +1,7 @@
 //! Helpers shared by this workspace's tests, benchmarks and examples, so each
 //! lives once: deterministic test bytes, checksums, resident memory, bounded
-//! waits and child processes that speak lines. Not published; not an API.
+//! waits, child processes that speak lines, and two network namespaces as two
+//! hosts. Not published; not an API.
 //!
 //! The helpers the conformance suite needs too (test bytes, bounded waits,
 //! resident memory) live in descriptor-core (`conformance`, `testing`), since
@@ -19,6 +20,9 @@ use descriptor_core::Descriptor;
 pub use descriptor_core::conformance::pattern;
 /// Bounded waits (a hang fails the test) and resident memory.
 pub use descriptor_core::testing::{BOUND, eventually, rss_bytes, within};
+
+mod hosts;
+pub use hosts::{Host, Hosts};
 
 #[cfg(feature = "nixl")]
 mod nixl;
