@@ -732,7 +732,7 @@ fn bench(sh: &Shell, ws: &Workspace, args: &flags::Bench) -> Result<(), u8> {
     };
     if !run(cmd!(
         sh,
-        "{cargo} bench -p descriptor-core --bench hot_paths -- {short...}"
+        "{cargo} bench -p backend-loopback --bench hot_paths -- {short...}"
     )) {
         return Err(1);
     }

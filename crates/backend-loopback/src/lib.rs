@@ -30,3 +30,9 @@ mod fabric;
 
 pub use backend::LoopbackBackend;
 pub use fabric::Fabric;
+
+/// The workspace README's Rust examples, compiled and run as doc tests here
+/// (they use this backend, and descriptor-core cannot depend on it).
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;

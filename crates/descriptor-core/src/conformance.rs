@@ -1,19 +1,24 @@
 //! The backend conformance suite (feature `conformance`): the behaviours every
 //! [`RegistrationBackend`] must show, checked on each one.
 //!
-//! Each `pub fn` takes a [`Harness`] that makes backend agents able to reach
-//! each other, and panics (like a test) when the backend misbehaves. The suite
-//! builds the connectors itself, over [`Faulty`] so that it can delay
-//! transfers on any backend. Where backends may legitimately differ, the suite
-//! asks the backend's declared capabilities (today:
-//! [`RegistrationBackend::revocation_enforced`]), never its name. A backend
-//! crate runs every check from its tests, e.g. with `rstest`:
+//! Each check is a `pub fn` that takes a [`Harness`] (which makes backend
+//! agents able to reach each other) and panics, like a test, when the backend
+//! misbehaves. The suite builds the connectors itself, over [`Faulty`] so that
+//! it can delay transfers on any backend, and over [`Hooked`] where it must
+//! act inside a backend call. Where backends may legitimately differ, the
+//! suite asks the backend's declared capabilities (today:
+//! [`RegistrationBackend::revocation_enforced`]), never its name.
+//!
+//! A backend crate runs every check, with its standard cases, from one
+//! invocation of [`conformance_suite!`](crate::conformance_suite) in its
+//! tests; the checks are listed once, in this file, and [`CHECKS`] names
+//! them:
 //!
 //! ```ignore
-//! #[rstest]
-//! #[case::one_block(&[4096])]
-//! fn readable_then_read(#[case] sizes: &[usize]) {
-//!     conformance::readable_then_read_moves_bytes(&MyHarness::new(), sizes);
+//! descriptor_core::conformance_suite! {
+//!     harnesses: { agent => MyHarness::new() },
+//!     skip_unless: my_runtime_available(),
+//!     params: descriptor_core::conformance::Params::default(),
 //! }
 //! ```
 //!
@@ -23,12 +28,21 @@
 //! and helpers change as the specification grows, in any release.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::future::{Future, IntoFuture};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Wake, Waker};
 use std::time::Duration;
 
-use crate::faults::{Faults, Faulty};
+use crate::faults::{Faults, Faulty, Stall};
+use crate::testing::{eventually, within};
 use crate::{
-    Connector, Descriptor, Device, Error, OperationKind, OperationStatus, RdmaMetadata,
-    RegistrationBackend, SerializedDescriptor, Side,
+    Connector, Descriptor, Device, Error, EventHook, Exposure, ExposureId, Notification,
+    OperationFuture, OperationKind, OperationStatus, Posted, RdmaMetadata, ReadableOperation,
+    RegionId, RegistrationBackend, Release, Result, SerializedDescriptor, Side, TransferId,
+    TransferRequest, TransferState,
 };
 
 /// Makes backend agents for the suite.
@@ -169,18 +183,6 @@ macro_rules! returned {
             }
         }
     }};
-}
-
-/// Polls `condition` until it holds, failing after [`WAIT`].
-fn eventually(what: &str, condition: impl Fn() -> bool) {
-    let deadline = std::time::Instant::now() + WAIT;
-    while !condition() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting until {what}"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 /// `register_memory` twice with one connector is a no-op; with another it fails.
@@ -873,6 +875,7 @@ pub fn an_operation_nobody_follows_still_completes(h: &dyn Harness) {
 /// directions against one peer, verifying every byte; the peer cache ends empty.
 pub fn load(h: &dyn Harness, threads: usize, per_thread: usize) {
     const SIZES: [usize; 5] = [64, 4096, 65536, 4097, 256 << 10];
+    let before = crate::testing::rss_bytes();
     let server = connector(h, "load-server");
     let client = connector(h, "load-client");
     std::thread::scope(|scope| {
@@ -905,6 +908,15 @@ pub fn load(h: &dyn Harness, threads: usize, per_thread: usize) {
     });
     assert_eq!(client.remote_agent_count(), 0);
     assert!(client.idle_remote_agent_count() <= 1);
+    let grew = crate::testing::rss_bytes() as i64 - before as i64;
+    // The figure RELIABILITY.md quotes (informational, not asserted).
+    #[allow(clippy::print_stderr)]
+    {
+        eprintln!(
+            "{} load: {threads} x {per_thread} operations, resident memory grew {grew} bytes",
+            server.backend_name()
+        );
+    }
 }
 
 /// Cancelling or dropping an operation while its transfer completes, `rounds`
@@ -986,4 +998,958 @@ pub fn cancel_and_drop_race_completion(h: &dyn Harness, rounds: usize) {
     eventually("every raced operation released its peer", || {
         client.remote_agent_count() == 0
     });
+}
+
+// ---------------------------------------------------------------------------
+// Acting inside a backend call: the `Hooked` wrapper.
+
+/// A backend method, as a [`Hooked`] backend's hook sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Call {
+    /// [`RegistrationBackend::register`].
+    Register,
+    /// [`RegistrationBackend::deregister`].
+    Deregister,
+    /// [`RegistrationBackend::expose`].
+    Expose,
+    /// [`RegistrationBackend::revoke`].
+    Revoke,
+    /// [`RegistrationBackend::load_remote`].
+    LoadRemote,
+    /// [`RegistrationBackend::unload_remote`].
+    UnloadRemote,
+    /// [`RegistrationBackend::post`].
+    Post,
+    /// [`RegistrationBackend::poll`] of this transfer.
+    Poll(TransferId),
+    /// [`RegistrationBackend::release`] of this transfer.
+    Release(TransferId),
+    /// [`RegistrationBackend::drain_notifications`].
+    DrainNotifications,
+}
+
+impl Call {
+    /// The method's name, as in the trait.
+    pub fn name(self) -> &'static str {
+        match self {
+            Call::Register => "register",
+            Call::Deregister => "deregister",
+            Call::Expose => "expose",
+            Call::Revoke => "revoke",
+            Call::LoadRemote => "load_remote",
+            Call::UnloadRemote => "unload_remote",
+            Call::Post => "post",
+            Call::Poll(_) => "poll",
+            Call::Release(_) => "release",
+            Call::DrainNotifications => "drain_notifications",
+        }
+    }
+}
+
+/// What a [`Hooked`] backend runs before each of its methods; for `release`
+/// it may answer instead of the backend (`Some`).
+pub type Hook<B> = Arc<dyn Fn(&Faulty<B>, Call) -> Option<Result<Release>> + Send + Sync>;
+
+/// A backend (under [`Faulty`], so that faults can be armed) whose methods
+/// first call a test's [`Hook`]: to panic, to probe the connector from inside
+/// a backend call, or to answer `release` as another backend would.
+pub struct Hooked<B: RegistrationBackend> {
+    inner: Faulty<B>,
+    hook: Hook<B>,
+    /// False: refuses the event hook, so the engine must poll.
+    event_driven: bool,
+}
+
+impl<B: RegistrationBackend> Hooked<B> {
+    fn call(&self, call: Call) -> Option<Result<Release>> {
+        (self.hook)(&self.inner, call)
+    }
+}
+
+/// A connector over `backend` whose methods call `hook` first, and the handle
+/// that arms faults on it. With `event_driven` false the backend refuses the
+/// connector's event hook, as a polled transport (NIXL) does.
+pub fn hooked<B: RegistrationBackend>(
+    backend: B,
+    event_driven: bool,
+    hook: impl Fn(&Faulty<B>, Call) -> Option<Result<Release>> + Send + Sync + 'static,
+) -> (Connector, Faults) {
+    let inner = Faulty::new(backend);
+    let faults = inner.faults();
+    let connector = Connector::new(Hooked {
+        inner,
+        hook: Arc::new(hook),
+        event_driven,
+    });
+    (connector, faults)
+}
+
+impl<B: RegistrationBackend> RegistrationBackend for Hooked<B> {
+    fn backend_name(&self) -> &'static str {
+        self.inner.backend_name()
+    }
+    fn agent_name(&self) -> &str {
+        self.inner.agent_name()
+    }
+    unsafe fn register(&self, region: &crate::Segment, writable: bool) -> Result<RegionId> {
+        self.call(Call::Register);
+        // SAFETY: our caller's contract is the inner backend's.
+        unsafe { self.inner.register(region, writable) }
+    }
+    fn deregister(&self, region: RegionId) -> Result<()> {
+        self.call(Call::Deregister);
+        self.inner.deregister(region)
+    }
+    unsafe fn expose(
+        &self,
+        regions: &[RegionId],
+        access: OperationKind,
+        key: &[u8],
+    ) -> Result<Exposure> {
+        self.call(Call::Expose);
+        // SAFETY: our caller's contract is the inner backend's.
+        unsafe { self.inner.expose(regions, access, key) }
+    }
+    fn revoke(&self, exposure: ExposureId) -> Result<()> {
+        self.call(Call::Revoke);
+        self.inner.revoke(exposure)
+    }
+    fn revocation_enforced(&self) -> bool {
+        self.inner.revocation_enforced()
+    }
+    fn load_remote(&self, agent_metadata: &[u8]) -> Result<String> {
+        self.call(Call::LoadRemote);
+        self.inner.load_remote(agent_metadata)
+    }
+    fn unload_remote(&self, peer: &str) -> Result<()> {
+        self.call(Call::UnloadRemote);
+        self.inner.unload_remote(peer)
+    }
+    fn peer_name(&self, agent_metadata: &[u8]) -> Option<String> {
+        self.inner.peer_name(agent_metadata)
+    }
+    unsafe fn post(&self, request: &TransferRequest<'_>) -> Result<Posted> {
+        self.call(Call::Post);
+        // SAFETY: our caller's contract is the inner backend's.
+        unsafe { self.inner.post(request) }
+    }
+    fn poll(&self, transfer: TransferId) -> TransferState {
+        self.call(Call::Poll(transfer));
+        self.inner.poll(transfer)
+    }
+    fn release(&self, transfer: TransferId) -> Result<Release> {
+        match self.call(Call::Release(transfer)) {
+            Some(answer) => answer,
+            None => self.inner.release(transfer),
+        }
+    }
+    fn drain_notifications(&self, sink: &mut dyn FnMut(Notification)) -> Result<()> {
+        self.call(Call::DrainNotifications);
+        self.inner.drain_notifications(sink)
+    }
+    fn wait_assist(&self) -> Duration {
+        self.inner.wait_assist()
+    }
+    fn awaiting_end(&self, transfer: TransferId) {
+        self.inner.awaiting_end(transfer);
+    }
+    fn set_event_hook(&self, hook: EventHook) -> bool {
+        self.event_driven && self.inner.set_event_hook(hook)
+    }
+}
+
+/// A connector over the harness's agent `name`, [`Hooked`].
+fn hooked_agent(
+    h: &dyn Harness,
+    name: &str,
+    event_driven: bool,
+    hook: impl Fn(&Faulty<Box<dyn RegistrationBackend>>, Call) -> Option<Result<Release>>
+    + Send
+    + Sync
+    + 'static,
+) -> (Connector, Faults) {
+    hooked(h.backend(name), event_driven, hook)
+}
+
+// ---------------------------------------------------------------------------
+// No deadlock: no backend, hook or waker is called with a lock held. Each
+// scenario runs inside `within`, so a deadlock fails the check, not the run.
+
+/// A connector READs its own readable while the transfer is delayed: both
+/// complete. (The delay thread once held the transfer's lock while the event
+/// hook of the same agent polled that transfer: a self-deadlock.)
+pub fn reading_its_own_readable_with_a_delayed_transfer_completes(h: &dyn Harness) {
+    let (solo, faults) = faulty(h, "solo");
+    let read = within(
+        "a delayed read of the connector's own readable",
+        move || {
+            let readable = solo.create_readable(descriptors(130, &[4096])).unwrap();
+            faults.delay_next_transfer(Duration::from_millis(50));
+            let read = solo
+                .begin_read(readable.metadata(), zeroed(&[4096]))
+                .unwrap();
+            read.wait_timeout(WAIT).unwrap();
+            readable.wait_timeout(WAIT).unwrap();
+            read.into_descriptors().unwrap()
+        },
+    );
+    assert_pattern(&read, 130, "a read of the connector's own readable");
+}
+
+/// Two connectors READ each other's readable, both transfers delayed: both
+/// complete. (Each delay thread once held its transfer's lock and, through
+/// the peer's event hook, waited for the other's: an ABBA deadlock.)
+pub fn crossed_delayed_reads_complete(h: &dyn Harness) {
+    const N: usize = 32 << 20;
+    let (a, fa) = faulty(h, "crossed-a");
+    let (b, fb) = faulty(h, "crossed-b");
+    let (got_a, got_b) = within("two crossed delayed reads", move || {
+        let ra = a.create_readable(descriptors(131, &[N])).unwrap();
+        let rb = b.create_readable(descriptors(132, &[N])).unwrap();
+        fa.delay_next_transfer(Duration::from_millis(200));
+        fb.delay_next_transfer(Duration::from_millis(200));
+        let read_a = a.begin_read(rb.metadata(), zeroed(&[N])).unwrap();
+        let read_b = b.begin_read(ra.metadata(), zeroed(&[N])).unwrap();
+        read_a.wait_timeout(WAIT).unwrap();
+        read_b.wait_timeout(WAIT).unwrap();
+        (
+            read_a.into_descriptors().unwrap(),
+            read_b.into_descriptors().unwrap(),
+        )
+    });
+    assert_pattern(&got_a, 132, "a's read of b");
+    assert_pattern(&got_b, 131, "b's read of a");
+}
+
+/// A waker that drops the task (here: the operation's future) when woken, as
+/// an executor shut down before its tasks are woken does.
+struct DropOnWake(Mutex<Option<OperationFuture>>);
+
+impl Wake for DropOnWake {
+    fn wake(self: Arc<Self>) {
+        let future = self.0.lock().unwrap().take();
+        drop(future);
+    }
+}
+
+/// A waker that drops the very operation it wakes, woken when the peer's
+/// READ completes it, deadlocks nobody: the peer's read returns and the
+/// operation is gone. (Wakers were once woken under the operation's lock.)
+pub fn a_waker_that_drops_its_operation_deadlocks_nobody(h: &dyn Harness) {
+    let server = connector(h, "dropwake-server");
+    let client = connector(h, "dropwake-client");
+    let read = within("a read whose peer's waker drops its operation", move || {
+        let readable = server.create_readable(descriptors(133, &[4096])).unwrap();
+        let meta = readable.metadata().clone();
+        let mut future = readable.into_future();
+        let wake = Arc::new(DropOnWake(Mutex::new(None)));
+        let waker = Waker::from(Arc::clone(&wake));
+        assert!(
+            Pin::new(&mut future)
+                .poll(&mut Context::from_waker(&waker))
+                .is_pending()
+        );
+        *wake.0.lock().unwrap() = Some(future);
+        let read = client.begin_read(&meta, zeroed(&[4096])).unwrap();
+        read.wait_timeout(WAIT).unwrap();
+        eventually("the woken waker dropped the readable", || {
+            wake.0.lock().unwrap().is_none()
+        });
+        read.into_descriptors().unwrap()
+    });
+    assert_pattern(&read, 133, "the read of a readable its waker dropped");
+}
+
+/// `status()` never blocks: read from another thread while the backend is
+/// inside `poll`, `release` and `revoke` of that very operation, it returns
+/// (were it to wait behind the call, the bounded wait would fail the check),
+/// and inside `release` the outcome is already decided.
+pub fn status_never_blocks_behind_poll_release_or_revoke(h: &dyn Harness) {
+    type Probe = Arc<dyn Fn(&'static str) + Send + Sync>;
+    /// An agent that runs the probe (once set) inside `poll`, `release` and `revoke`.
+    fn probed(
+        h: &dyn Harness,
+        name: &str,
+        probe: &Arc<Mutex<Option<Probe>>>,
+    ) -> (Connector, Faults) {
+        let probe = Arc::clone(probe);
+        hooked_agent(h, name, true, move |_, call| {
+            if matches!(call, Call::Poll(_) | Call::Release(_) | Call::Revoke) {
+                let probe = probe.lock().unwrap().clone();
+                if let Some(probe) = probe {
+                    probe(call.name());
+                }
+            }
+            None
+        })
+    }
+    fn status_from_another_thread(
+        status: impl Fn() -> OperationStatus + Send + 'static,
+    ) -> OperationStatus {
+        within("status() read while the backend is inside a call", status)
+    }
+
+    let probe: Arc<Mutex<Option<Probe>>> = Arc::default();
+    let (client, faults) = probed(h, "status-client", &probe);
+    let server_probe: Arc<Mutex<Option<Probe>>> = Arc::default();
+    let (server, _) = probed(h, "status-server", &server_probe);
+
+    // An active operation: probed in `poll` (the engine's and the waiter's),
+    // then in `release` when it is cancelled.
+    let readable = Arc::new(server.create_readable(descriptors(134, &[4096])).unwrap());
+    faults.delay_next_transfer(Duration::from_secs(3600));
+    let read = Arc::new(
+        client
+            .begin_read(readable.metadata(), zeroed(&[4096]))
+            .unwrap(),
+    );
+    let seen: Arc<Mutex<Vec<(&'static str, OperationStatus)>>> = Arc::default();
+    {
+        let (read, seen) = (Arc::clone(&read), Arc::clone(&seen));
+        *probe.lock().unwrap() = Some(Arc::new(move |call| {
+            let read = Arc::clone(&read);
+            let status = status_from_another_thread(move || read.status());
+            seen.lock().unwrap().push((call, status));
+        }));
+    }
+    let early = read.wait_timeout(Duration::from_millis(20));
+    assert!(matches!(early, Err(Error::TimedOut(_))), "{early:?}");
+    read.cancel();
+    *probe.lock().unwrap() = None; // the probe holds the operation: let go of it
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    assert!(
+        seen.contains(&("release", OperationStatus::Cancelled)),
+        "inside release the status was already decided: {seen:?}"
+    );
+    assert!(
+        seen.iter().all(|(call, status)| *call != "poll"
+            || matches!(
+                status,
+                OperationStatus::InProgress | OperationStatus::Cancelled
+            )),
+        "{seen:?}"
+    );
+
+    // A passive operation: probed in `revoke` when it is cancelled.
+    let seen: Arc<Mutex<Vec<OperationStatus>>> = Arc::default();
+    {
+        let (readable, seen) = (Arc::clone(&readable), Arc::clone(&seen));
+        *server_probe.lock().unwrap() = Some(Arc::new(move |_| {
+            let readable = Arc::clone(&readable);
+            seen.lock()
+                .unwrap()
+                .push(status_from_another_thread(move || readable.status()));
+        }));
+    }
+    readable.cancel();
+    *server_probe.lock().unwrap() = None;
+    assert_eq!(*seen.lock().unwrap(), [OperationStatus::Cancelled]);
+}
+
+// ---------------------------------------------------------------------------
+// Panics and wakers: memory is never freed under a transfer, and nothing
+// stops. (`cargo xtask test` runs the loopback suite under AddressSanitizer
+// too, which reports a use-after-free directly.)
+
+/// How a hooked agent's `release` (or event hook) misbehaves.
+#[derive(Clone, Copy, PartialEq)]
+enum Misbehaves {
+    /// `release` panics once (a backend bug, e.g. an unwrap on an FFI error).
+    PanicOnRelease,
+    /// `release` of a transfer still in progress answers
+    /// `Release::StillRunning` ("cannot abort, will finish"), as NIXL does.
+    StillRunningWhileInProgress,
+    /// No event hook: the engine must poll, as with NIXL.
+    Polled,
+}
+
+fn misbehaving(h: &dyn Harness, name: &str, how: Misbehaves) -> (Connector, Faults) {
+    let armed = AtomicBool::new(true);
+    hooked_agent(h, name, how != Misbehaves::Polled, move |inner, call| {
+        let Call::Release(transfer) = call else {
+            return None;
+        };
+        match how {
+            Misbehaves::PanicOnRelease if armed.swap(false, Ordering::SeqCst) => {
+                panic!("backend bug: release panicked")
+            }
+            Misbehaves::StillRunningWhileInProgress if inner.poll(transfer).is_in_progress() => {
+                Some(Ok(Release::StillRunning))
+            }
+            _ => None,
+        }
+    })
+}
+
+struct PanicWake;
+
+impl Wake for PanicWake {
+    fn wake(self: Arc<Self>) {
+        panic!("user waker panicked");
+    }
+}
+
+/// A small block (tcache-sized: the next allocation of this size reuses a
+/// block freed just before).
+const SMALL: usize = 512;
+
+/// Runs `end_op` (which drops or cancels a read whose stalled transfer is
+/// still to run; `panics`: whether a panic comes out of it, after which the
+/// transfer is leaked), then allocates a same-sized victim, lets the
+/// transfer run, and checks that it did not write into the victim.
+fn no_write_after_free(
+    end_op: impl FnOnce(),
+    panics: bool,
+    stall: Stall,
+    readable: &ReadableOperation,
+) {
+    let ended = catch_unwind(AssertUnwindSafe(end_op));
+    assert_eq!(ended.is_err(), panics, "did the operation's end panic?");
+    // Often at the very address of the read's buffer, had it been freed.
+    let victim = vec![0xAAu8; SMALL];
+    stall.release();
+    // The readable completes once the transfer has copied and notified. A
+    // leaked transfer has nobody to drive it: on a backend whose transfers
+    // move only when polled (NIXL) it may never notify, so it gets a while
+    // to run, not a promise.
+    match readable.wait_timeout(if panics { Duration::from_secs(2) } else { WAIT }) {
+        Ok(()) => {}
+        Err(Error::TimedOut(_)) if panics => {}
+        other => panic!("the readable of a drained read gave {other:?}"),
+    }
+    let changed = victim.iter().filter(|&&b| b != 0xAA).count();
+    assert_eq!(
+        changed, 0,
+        "{changed} bytes of an unrelated live Vec were overwritten by the cancelled transfer"
+    );
+}
+
+/// A backend whose `release` panics while a dropped read's transfer is still
+/// to run: the panic comes out of `drop`, and the read's memory is leaked,
+/// never freed under the transfer. (The drop glue once freed it.)
+pub fn a_panic_in_release_does_not_free_in_flight_memory(h: &dyn Harness) {
+    let server = connector(h, "release-panic-server");
+    let (client, faults) = misbehaving(h, "release-panic-client", Misbehaves::PanicOnRelease);
+    let readable = server.create_readable(descriptors(140, &[SMALL])).unwrap();
+    let stall = faults.stall_next_transfer();
+    let read = client
+        .begin_read(readable.metadata(), zeroed(&[SMALL]))
+        .unwrap();
+    assert_eq!(read.status(), OperationStatus::InProgress);
+    no_write_after_free(move || drop(read), true, stall, &readable);
+}
+
+/// A stale waker that would panic (its `completion()` future dropped, as by
+/// a timeout) and a backend that cannot abort: dropping the read panics
+/// nowhere, and its memory stays held until the transfer drains.
+pub fn a_dropped_future_takes_its_panicking_waker_with_it(h: &dyn Harness) {
+    let server = connector(h, "stale-waker-server");
+    let (client, faults) = misbehaving(
+        h,
+        "stale-waker-client",
+        Misbehaves::StillRunningWhileInProgress,
+    );
+    let readable = server.create_readable(descriptors(141, &[SMALL])).unwrap();
+    let stall = faults.stall_next_transfer();
+    let read = client
+        .begin_read(readable.metadata(), zeroed(&[SMALL]))
+        .unwrap();
+    {
+        let mut completion = read.completion();
+        let waker = Waker::from(Arc::new(PanicWake));
+        assert!(
+            Pin::new(&mut completion)
+                .poll(&mut Context::from_waker(&waker))
+                .is_pending()
+        );
+    } // the Completion is gone, and its waker with it
+    no_write_after_free(move || drop(read), false, stall, &readable);
+}
+
+/// A live future's waker panics when another thread cancels the operation
+/// while the backend cannot let go yet: the panic is contained (logged), the
+/// status is `Cancelled`, and the buffers stay held until the transfer drains.
+pub fn a_panicking_waker_of_a_live_future_frees_no_draining_memory(h: &dyn Harness) {
+    let server = connector(h, "live-waker-server");
+    let (client, faults) = misbehaving(
+        h,
+        "live-waker-client",
+        Misbehaves::StillRunningWhileInProgress,
+    );
+    let readable = server.create_readable(descriptors(142, &[SMALL])).unwrap();
+    let stall = faults.stall_next_transfer();
+    let read = client
+        .begin_read(readable.metadata(), zeroed(&[SMALL]))
+        .unwrap();
+    no_write_after_free(
+        move || {
+            let mut completion = read.completion();
+            let waker = Waker::from(Arc::new(PanicWake));
+            assert!(
+                Pin::new(&mut completion)
+                    .poll(&mut Context::from_waker(&waker))
+                    .is_pending()
+            );
+            std::thread::scope(|s| {
+                s.spawn(|| read.cancel()).join().unwrap();
+            });
+            assert_eq!(read.status(), OperationStatus::Cancelled);
+            drop(completion);
+            drop(read);
+        },
+        false,
+        stall,
+        &readable,
+    );
+}
+
+/// A waker that panics on the engine's thread does not stop the engine: on
+/// a polled backend, a later passive operation nobody waits on still
+/// completes. (The engine thread once died and was never restarted.)
+pub fn a_panicking_waker_does_not_stop_the_engine(h: &dyn Harness) {
+    let (server, _) = misbehaving(h, "engine-server", Misbehaves::Polled);
+    let client = connector(h, "engine-client");
+
+    let first = server.create_readable(descriptors(143, &[64])).unwrap();
+    let waker = Waker::from(Arc::new(PanicWake));
+    // Kept alive, so the engine (nobody waits) wakes it when `first` completes.
+    let mut pending = first.completion();
+    assert!(
+        Pin::new(&mut pending)
+            .poll(&mut Context::from_waker(&waker))
+            .is_pending()
+    );
+    let read = client.begin_read(first.metadata(), zeroed(&[64])).unwrap();
+    read.wait_timeout(WAIT).unwrap();
+    eventually("the first readable completed", || {
+        first.status() == OperationStatus::Complete
+    });
+    drop(pending);
+
+    let second = server.create_readable(descriptors(144, &[64])).unwrap();
+    let read = client.begin_read(second.metadata(), zeroed(&[64])).unwrap();
+    read.wait_timeout(WAIT).unwrap();
+    // Nobody waits on `second`: only the engine can take its notification.
+    eventually("the second readable completed", || {
+        second.status() == OperationStatus::Complete
+    });
+    assert_pattern(
+        &second.into_descriptors().unwrap(),
+        144,
+        "a readable after a panicking waker",
+    );
+    assert_pattern(&read.into_descriptors().unwrap(), 144, "its read");
+}
+
+/// A waker that counts the live wakers of one check (no statics: checks run
+/// in parallel).
+struct Counted(Arc<AtomicUsize>);
+
+impl Counted {
+    fn waker(live: &Arc<AtomicUsize>) -> Waker {
+        live.fetch_add(1, Ordering::SeqCst);
+        Waker::from(Arc::new(Counted(Arc::clone(live))))
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Wake for Counted {
+    fn wake(self: Arc<Self>) {}
+}
+
+/// A pending operation polled through 100,000 fresh futures, each with a new
+/// waker, keeps at most one of them. (Every waker was once kept until the
+/// operation ended.)
+pub fn repolling_with_new_wakers_keeps_a_bounded_number(h: &dyn Harness) {
+    let server = connector(h, "repoll-server");
+    let readable = server.create_readable(descriptors(145, &[64])).unwrap();
+    let live = Arc::new(AtomicUsize::new(0));
+    for _ in 0..100_000 {
+        let waker = Counted::waker(&live);
+        let mut completion = readable.completion();
+        assert!(
+            Pin::new(&mut completion)
+                .poll(&mut Context::from_waker(&waker))
+                .is_pending()
+        );
+    }
+    let kept = live.load(Ordering::SeqCst);
+    assert!(kept <= 1, "{kept} wakers retained by one pending operation");
+}
+
+/// One future re-polled with a new waker each time keeps only the latest,
+/// and dropping the future releases that one too.
+pub fn one_future_repolled_keeps_only_its_latest_waker(h: &dyn Harness) {
+    let server = connector(h, "latest-server");
+    let readable = server.create_readable(descriptors(146, &[64])).unwrap();
+    let live = Arc::new(AtomicUsize::new(0));
+    let mut completion = readable.completion();
+    for _ in 0..10_000 {
+        let waker = Counted::waker(&live);
+        assert!(
+            Pin::new(&mut completion)
+                .poll(&mut Context::from_waker(&waker))
+                .is_pending()
+        );
+    }
+    assert_eq!(live.load(Ordering::SeqCst), 1, "the latest waker only");
+    drop(completion);
+    assert_eq!(
+        live.load(Ordering::SeqCst),
+        0,
+        "a dropped future keeps no waker"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// The peer cache.
+
+/// A well-formed metadata document whose agent blob the backend refuses
+/// changes nothing: every idle peer stays loaded. (One refused blob once
+/// unloaded every idle peer, the cache retrying after evicting them all.)
+pub fn a_refused_agent_blob_keeps_every_idle_peer(h: &dyn Harness) {
+    const PEERS: usize = 8;
+    let client = connector(h, "idle-cache-client");
+    let servers: Vec<Connector> = (0..PEERS)
+        .map(|i| {
+            let server = connector(h, &format!("idle-cache-server-{i}"));
+            let readable = server
+                .create_readable(descriptors(150 + i as u64, &[64]))
+                .unwrap();
+            let read = client
+                .begin_read(readable.metadata(), zeroed(&[64]))
+                .unwrap();
+            read.wait_timeout(WAIT).unwrap();
+            readable.wait_timeout(WAIT).unwrap();
+            assert_pattern(
+                &read.into_descriptors().unwrap(),
+                150 + i as u64,
+                "a read from an idle-to-be peer",
+            );
+            server
+        })
+        .collect();
+    assert_eq!(client.idle_remote_agent_count(), PEERS);
+    let exposed = servers[0].create_readable(descriptors(99, &[64])).unwrap();
+    let junk = RdmaMetadata::new(
+        OperationKind::Read,
+        exposed.metadata().descriptors().to_vec(),
+        b"junk".to_vec(),
+        exposed.metadata().notification_key().to_owned(),
+    )
+    .unwrap();
+    assert!(client.begin_read(&junk, zeroed(&[64])).is_err());
+    assert_eq!(
+        client.idle_remote_agent_count(),
+        PEERS,
+        "one refused blob unloaded idle peers"
+    );
+    // The peer is still reached with its real metadata.
+    let read = client
+        .begin_read(exposed.metadata(), zeroed(&[64]))
+        .unwrap();
+    read.wait_timeout(WAIT).unwrap();
+    assert_pattern(
+        &read.into_descriptors().unwrap(),
+        99,
+        "a read after a refused blob",
+    );
+}
+
+// ---------------------------------------------------------------------------
+// The suite: every check above, listed once.
+
+/// The scale of the checks whose size a backend chooses (how hard its tests
+/// may push the machine). [`Params::default`] is the loopback backend's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Params {
+    /// Threads of [`concurrent_operations_share_one_peer`].
+    pub concurrent_threads: usize,
+    /// Operations in flight per thread there.
+    pub concurrent_per_thread: usize,
+    /// Threads of [`load`].
+    pub load_threads: usize,
+    /// Operations per thread there.
+    pub load_per_thread: usize,
+    /// Rounds of [`cancel_and_drop_race_completion`].
+    pub race_rounds: usize,
+}
+
+impl Default for Params {
+    fn default() -> Params {
+        Params {
+            concurrent_threads: 16,
+            concurrent_per_thread: 200,
+            load_threads: 16,
+            load_per_thread: 1000,
+            race_rounds: 2000,
+        }
+    }
+}
+
+/// The one list of conformance checks, handed to `$callback!` after `$args`
+/// as `checks: { CHECK { CASE: |h, p| CALL; ... } ... }`: each check (a
+/// `pub fn` of [`conformance`](crate::conformance) taking the harness first),
+/// then its standard cases, each a name and the call, given the harness `h`
+/// and the backend's [`Params`] `p`. [`CHECKS`] and
+/// [`conformance_suite!`](crate::conformance_suite) are made from it, and a
+/// unit test checks that it names every check of the module.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_checks {
+    ($callback:path { $($args:tt)* }) => {
+        $callback! {
+            $($args)*
+            checks: {
+                registration_is_idempotent_per_connector {
+                    holds: |h, p| $crate::conformance::registration_is_idempotent_per_connector(h);
+                }
+                readable_then_read_moves_bytes {
+                    one_small_block: |h, p| $crate::conformance::readable_then_read_moves_bytes(h, &[64]);
+                    one_large_block: |h, p| $crate::conformance::readable_then_read_moves_bytes(h, &[8 << 20]);
+                    many_blocks: |h, p| $crate::conformance::readable_then_read_moves_bytes(h, &[65536; 64]);
+                    uneven_blocks: |h, p| $crate::conformance::readable_then_read_moves_bytes(h, &[1, 4095, 65536, 3]);
+                }
+                writable_then_write_moves_bytes {
+                    one_small_block: |h, p| $crate::conformance::writable_then_write_moves_bytes(h, &[64]);
+                    one_large_block: |h, p| $crate::conformance::writable_then_write_moves_bytes(h, &[8 << 20]);
+                    many_blocks: |h, p| $crate::conformance::writable_then_write_moves_bytes(h, &[65536; 64]);
+                    uneven_blocks: |h, p| $crate::conformance::writable_then_write_moves_bytes(h, &[1, 4095, 65536, 3]);
+                }
+                pairing_errors_name_the_problem {
+                    holds: |h, p| $crate::conformance::pairing_errors_name_the_problem(h);
+                }
+                cancel_before_completion {
+                    holds: |h, p| $crate::conformance::cancel_before_completion(h);
+                }
+                injected_failure_errors_the_operation_and_moves_nothing {
+                    holds: |h, p| $crate::conformance::injected_failure_errors_the_operation_and_moves_nothing(h);
+                }
+                stalled_transfer_is_in_progress_then_complete {
+                    holds: |h, p| $crate::conformance::stalled_transfer_is_in_progress_then_complete(h);
+                }
+                dropped_notification_leaves_the_passive_side_waiting {
+                    holds: |h, p| $crate::conformance::dropped_notification_leaves_the_passive_side_waiting(h);
+                }
+                vanished_peer_completes_nothing {
+                    holds: |h, p| $crate::conformance::vanished_peer_completes_nothing(h);
+                }
+                cancel_after_completion_is_a_no_op {
+                    holds: |h, p| $crate::conformance::cancel_after_completion_is_a_no_op(h);
+                }
+                wait_timeout_expires_when_the_peer_never_acts {
+                    holds: |h, p| $crate::conformance::wait_timeout_expires_when_the_peer_never_acts(h);
+                }
+                dropping_an_in_flight_operation {
+                    holds: |h, p| $crate::conformance::dropping_an_in_flight_operation(h);
+                }
+                concurrent_operations_share_one_peer {
+                    holds: |h, p| $crate::conformance::concurrent_operations_share_one_peer(h, p.concurrent_threads, p.concurrent_per_thread);
+                }
+                metadata_round_trips_through_json {
+                    holds: |h, p| $crate::conformance::metadata_round_trips_through_json(h);
+                }
+                operations_are_futures {
+                    holds: |h, p| $crate::conformance::operations_are_futures(h);
+                }
+                passive_side_learns_of_completion_however_it_waits {
+                    holds: |h, p| $crate::conformance::passive_side_learns_of_completion_however_it_waits(h);
+                }
+                an_operation_nobody_follows_still_completes {
+                    holds: |h, p| $crate::conformance::an_operation_nobody_follows_still_completes(h);
+                }
+                load {
+                    mixed_operations: |h, p| $crate::conformance::load(h, p.load_threads, p.load_per_thread);
+                }
+                cancel_and_drop_race_completion {
+                    holds: |h, p| $crate::conformance::cancel_and_drop_race_completion(h, p.race_rounds);
+                }
+                reading_its_own_readable_with_a_delayed_transfer_completes {
+                    holds: |h, p| $crate::conformance::reading_its_own_readable_with_a_delayed_transfer_completes(h);
+                }
+                crossed_delayed_reads_complete {
+                    holds: |h, p| $crate::conformance::crossed_delayed_reads_complete(h);
+                }
+                a_waker_that_drops_its_operation_deadlocks_nobody {
+                    holds: |h, p| $crate::conformance::a_waker_that_drops_its_operation_deadlocks_nobody(h);
+                }
+                status_never_blocks_behind_poll_release_or_revoke {
+                    holds: |h, p| $crate::conformance::status_never_blocks_behind_poll_release_or_revoke(h);
+                }
+                a_panic_in_release_does_not_free_in_flight_memory {
+                    holds: |h, p| $crate::conformance::a_panic_in_release_does_not_free_in_flight_memory(h);
+                }
+                a_dropped_future_takes_its_panicking_waker_with_it {
+                    holds: |h, p| $crate::conformance::a_dropped_future_takes_its_panicking_waker_with_it(h);
+                }
+                a_panicking_waker_of_a_live_future_frees_no_draining_memory {
+                    holds: |h, p| $crate::conformance::a_panicking_waker_of_a_live_future_frees_no_draining_memory(h);
+                }
+                a_panicking_waker_does_not_stop_the_engine {
+                    holds: |h, p| $crate::conformance::a_panicking_waker_does_not_stop_the_engine(h);
+                }
+                repolling_with_new_wakers_keeps_a_bounded_number {
+                    holds: |h, p| $crate::conformance::repolling_with_new_wakers_keeps_a_bounded_number(h);
+                }
+                one_future_repolled_keeps_only_its_latest_waker {
+                    holds: |h, p| $crate::conformance::one_future_repolled_keeps_only_its_latest_waker(h);
+                }
+                a_refused_agent_blob_keeps_every_idle_peer {
+                    holds: |h, p| $crate::conformance::a_refused_agent_blob_keeps_every_idle_peer(h);
+                }
+            }
+        }
+    };
+}
+
+/// Makes [`CHECKS`] from the list.
+macro_rules! check_names {
+    (checks: { $( $check:ident { $( $case:ident : |$h:ident, $p:ident| $call:expr ; )+ } )* }) => {
+        /// The name of every conformance check, in the suite's order: what
+        /// [`conformance_suite!`](crate::conformance_suite) runs (each with
+        /// its standard cases).
+        pub const CHECKS: &[&str] = &[$(stringify!($check)),*];
+    };
+}
+crate::__conformance_checks!(check_names {});
+
+/// Instantiates every conformance check, with its standard cases, as a
+/// `#[test]` for one backend: a check added to
+/// [`conformance`](crate::conformance) runs on every backend that invokes
+/// this, and none can be left out.
+///
+/// `harnesses` names one or more [`Harness`](crate::conformance::Harness)
+/// expressions (each evaluated anew in each test); each gets a module of that
+/// name, holding a module per check and a test per case, e.g.
+/// `agent::load::mixed_operations`. `skip_unless` (default `true`) is
+/// evaluated first in each test, which returns at once when it is false (a
+/// transport whose runtime is missing). `params` (default
+/// [`Params::default()`](crate::conformance::Params)) scales the checks that
+/// take a size.
+///
+/// ```ignore
+/// descriptor_core::conformance_suite! {
+///     harnesses: {
+///         agent => Nixl::new(MetadataScope::Agent),
+///         exposed => Nixl::new(MetadataScope::Exposed),
+///     },
+///     skip_unless: runtime_available(),
+///     params: Params { load_threads: 4, ..Params::default() },
+/// }
+/// ```
+///
+/// The expressions are resolved in the invoking module (the generated modules
+/// import `super::*`).
+#[macro_export]
+macro_rules! conformance_suite {
+    (@each [$skip:expr] [$params:expr] $( $name:ident => $harness:expr ),+) => {
+        $(
+            #[allow(unused_imports)]
+            mod $name {
+                use super::*;
+                $crate::__conformance_checks!($crate::__conformance_tests {
+                    harness: $harness,
+                    skip_unless: $skip,
+                    params: $params,
+                });
+            }
+        )+
+    };
+    (
+        harnesses: { $( $name:ident => $harness:expr ),+ $(,)? }
+        $(, skip_unless: $skip:expr )?
+        $(, params: $params:expr )?
+        $(,)?
+    ) => {
+        $crate::conformance_suite! {
+            @each
+            [$crate::__conformance_or!($($skip)? ; true)]
+            [$crate::__conformance_or!($($params)? ; $crate::conformance::Params::default())]
+            $( $name => $harness ),+
+        }
+    };
+}
+
+/// `$given`, or `$default` when none was given.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_or {
+    ($given:expr ; $default:expr) => {
+        $given
+    };
+    (; $default:expr) => {
+        $default
+    };
+}
+
+/// The tests of one harness: a module per check, a test per case.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_tests {
+    (
+        harness: $harness:expr,
+        skip_unless: $skip:expr,
+        params: $params:expr,
+        checks: { $( $check:ident { $( $case:ident : |$h:ident, $p:ident| $call:expr ; )+ } )* }
+    ) => {
+        $(
+            #[allow(unused_imports)]
+            mod $check {
+                use super::*;
+                $(
+                    #[test]
+                    fn $case() {
+                        if !$skip {
+                            return;
+                        }
+                        let harness = $harness;
+                        let $h: &dyn $crate::conformance::Harness = &harness;
+                        #[allow(unused_variables)]
+                        let $p: $crate::conformance::Params = $params;
+                        $call;
+                    }
+                )+
+            }
+        )*
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    /// The checks of this file: its `pub fn`s whose first parameter is the
+    /// harness.
+    fn checks_in_source() -> Vec<&'static str> {
+        include_str!("conformance.rs")
+            .split("\npub fn ")
+            .skip(1)
+            .filter_map(|rest| {
+                let (name, after) = rest.split_once('(')?;
+                after
+                    .trim_start()
+                    .starts_with("h: &dyn Harness")
+                    .then_some(name.trim())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_suite_runs_every_check_in_this_file_once() {
+        let mut listed = super::CHECKS.to_vec();
+        let mut defined = checks_in_source();
+        assert!(defined.len() >= 30, "the parser found {defined:?}");
+        listed.sort_unstable();
+        defined.sort_unstable();
+        let mut unique = listed.clone();
+        unique.dedup();
+        assert_eq!(listed, unique, "a check is listed twice");
+        assert_eq!(
+            listed, defined,
+            "__conformance_checks! must list every `pub fn (h: &dyn Harness, ..)` of conformance.rs"
+        );
+    }
 }

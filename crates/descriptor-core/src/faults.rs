@@ -6,21 +6,21 @@
 //! handle arms one-shot faults on it.
 //!
 //! ```
-//! use backend_loopback::{Fabric, LoopbackBackend};
 //! use descriptor_core::faults::Faulty;
-//! use descriptor_core::{Connector, Descriptor, Error};
+//! use descriptor_core::{Connector, Descriptor, Error, RegistrationBackend};
 //!
-//! let fabric = Fabric::new();
-//! let server = Connector::new(LoopbackBackend::new(&fabric, "server")?);
-//! let client = Faulty::new(LoopbackBackend::new(&fabric, "client")?);
-//! let faults = client.faults();
-//! let client = Connector::new(client);
+//! /// A WRITE from `client` (any backend) that the link refuses.
+//! fn refused_write(server: &Connector, client: impl RegistrationBackend) -> descriptor_core::Result<()> {
+//!     let client = Faulty::new(client);
+//!     let faults = client.faults();
+//!     let client = Connector::new(client);
 //!
-//! let writable = server.create_writable(vec![Descriptor::new(vec![0u8; 64])?])?;
-//! faults.fail_next_transfer("link down");
-//! let write = client.begin_write(vec![Descriptor::new(vec![7u8; 64])?], writable.metadata())?;
-//! assert!(matches!(write.wait(), Err(Error::TransferFailed { .. })));
-//! # Ok::<(), descriptor_core::Error>(())
+//!     let writable = server.create_writable(vec![Descriptor::new(vec![0u8; 64])?])?;
+//!     faults.fail_next_transfer("link down");
+//!     let write = client.begin_write(vec![Descriptor::new(vec![7u8; 64])?], writable.metadata())?;
+//!     assert!(matches!(write.wait(), Err(Error::TransferFailed { .. })));
+//!     Ok(())
+//! }
 //! ```
 
 use std::collections::{HashMap, HashSet};

@@ -10,31 +10,31 @@
 //!
 //! # Quickstart
 //!
-//! Two connectors in one process on the in-process loopback backend; with real
-//! NIXL only the backend constructor changes.
+//! A server exposes a block and publishes its metadata; a client READs it.
+//! The code is the same over every backend: only the constructor of the
+//! [`Connector`]s changes (`backend_loopback::LoopbackBackend` in one
+//! process, whose crate docs run such an exchange, or
+//! `backend_nixl::NixlBackend` across processes and hosts).
 //!
 //! ```
-//! use backend_loopback::{Fabric, LoopbackBackend};
 //! use descriptor_core::{Connector, Descriptor, RdmaMetadata};
 //!
-//! let fabric = Fabric::new();
-//! let server = Connector::new(LoopbackBackend::new(&fabric, "server")?);
-//! let client = Connector::new(LoopbackBackend::new(&fabric, "client")?);
+//! fn exchange(server: &Connector, client: &Connector) -> descriptor_core::Result<()> {
+//!     // The server exposes a block for reading and publishes the metadata.
+//!     let block = Descriptor::new(vec![42u8; 1 << 20])?;
+//!     let readable = server.create_readable(vec![block])?;
+//!     let wire: String = readable.metadata().to_json();
 //!
-//! // The server exposes a block for reading and publishes the metadata.
-//! let block = Descriptor::new(vec![42u8; 1 << 20])?;
-//! let readable = server.create_readable(vec![block])?;
-//! let wire: String = readable.metadata().to_json();
+//!     // The client READs it into its own buffer.
+//!     let remote: RdmaMetadata = wire.parse()?;
+//!     let read = client.begin_read(&remote, vec![Descriptor::new(vec![0u8; 1 << 20])?])?;
+//!     read.wait()?;
+//!     readable.wait()?; // the client's notification arrived
 //!
-//! // The client READs it into its own buffer.
-//! let remote: RdmaMetadata = wire.parse()?;
-//! let read = client.begin_read(&remote, vec![Descriptor::new(vec![0u8; 1 << 20])?])?;
-//! read.wait()?;
-//! readable.wait()?; // the client's notification arrived
-//!
-//! let local = read.into_descriptors().expect("complete").remove(0);
-//! assert!(local.into_vec::<u8>().expect("a Vec<u8>").iter().all(|&b| b == 42));
-//! # Ok::<(), descriptor_core::Error>(())
+//!     let local = read.into_descriptors().expect("complete").remove(0);
+//!     assert!(local.into_vec::<u8>().expect("a Vec<u8>").iter().all(|&b| b == 42));
+//!     Ok(())
+//! }
 //! ```
 //!
 //! # Safety model
@@ -60,8 +60,9 @@ mod operation;
 mod probe;
 mod remote;
 mod sync;
-#[cfg(test)]
-mod testing;
+#[cfg(any(test, feature = "testing"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing;
 
 #[cfg(feature = "conformance")]
 #[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
@@ -90,8 +91,3 @@ pub use operation::{
 };
 pub use probe::{DeviceInfo, DeviceProbe};
 pub use remote::DEFAULT_MAX_IDLE_PEERS;
-
-/// The README's Rust examples, compiled and run as doc tests.
-#[cfg(doctest)]
-#[doc = include_str!("../../../README.md")]
-struct ReadmeDoctests;

@@ -3,107 +3,26 @@
 //! compared by CRC-32. Needs root and iproute2: elsewhere it says why it skips.
 #![allow(clippy::unwrap_used, clippy::panic, clippy::print_stderr)]
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use test_support::{Peer, runtime_available};
+use test_support::{Host, Hosts, Peer, runtime_available};
 
 const BLOCKS: &str = "256";
 const BLOCK: &str = "1048576";
 const WAIT: Duration = Duration::from_secs(120);
 
-/// Two namespaces and a veth pair, removed on drop.
-struct Hosts {
-    a: String,
-    b: String,
-    dev_a: String,
-    dev_b: String,
-}
-
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("ip: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-impl Hosts {
-    fn new() -> Result<Hosts, String> {
-        let id = std::process::id();
-        let hosts = Hosts {
-            a: format!("nixl-a-{id}"),
-            b: format!("nixl-b-{id}"),
-            dev_a: format!("nxa{}", id % 100_000),
-            dev_b: format!("nxb{}", id % 100_000),
-        };
-        let net = format!("10.{}.{}", 100 + id % 100, id / 100 % 250);
-        let addr_a = format!("{net}.1/24");
-        let addr_b = format!("{net}.2/24");
-        ip(&["netns", "add", &hosts.a])?;
-        ip(&["netns", "add", &hosts.b])?;
-        ip(&[
-            "link",
-            "add",
-            &hosts.dev_a,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &hosts.dev_b,
-        ])?;
-        ip(&["link", "set", &hosts.dev_a, "netns", &hosts.a])?;
-        ip(&["link", "set", &hosts.dev_b, "netns", &hosts.b])?;
-        for (ns, dev, addr) in [
-            (&hosts.a, &hosts.dev_a, &addr_a),
-            (&hosts.b, &hosts.dev_b, &addr_b),
-        ] {
-            ip(&["-n", ns, "addr", "add", addr, "dev", dev])?;
-            ip(&["-n", ns, "link", "set", "lo", "up"])?;
-            ip(&["-n", ns, "link", "set", dev, "up"])?;
-        }
-        Ok(hosts)
-    }
-
-    /// The test peer, inside namespace `ns`, talking TCP over `dev` only.
-    fn peer(&self, ns: &str, dev: &str, args: &[&str]) -> Peer {
-        let mut command = Command::new("ip");
-        command
-            .args([
-                "netns",
-                "exec",
-                ns,
-                "env",
-                "UCX_TLS=tcp",
-                &format!("UCX_NET_DEVICES={dev}"),
-            ])
-            .arg(env!("CARGO_BIN_EXE_nixl-test-peer"))
-            .args(args);
-        Peer::spawn(command)
-    }
-}
-
-impl Drop for Hosts {
-    fn drop(&mut self) {
-        // Deleting a namespace deletes the veth end inside it, and with it the pair.
-        let _ = ip(&["netns", "del", &self.a]);
-        let _ = ip(&["netns", "del", &self.b]);
-    }
+/// The test peer inside `host`, talking TCP over its veth device only.
+fn peer(host: &Host, args: &[&str]) -> Peer {
+    let mut command = host.command(env!("CARGO_BIN_EXE_nixl-test-peer"));
+    command.args(args);
+    Peer::spawn(command)
 }
 
 fn hosts_or_skip() -> Option<Hosts> {
     if !runtime_available() {
         return None;
     }
-    match Hosts::new() {
+    match Hosts::new("nixl") {
         Ok(h) => Some(h),
         Err(e) => {
             eprintln!("SKIPPED: two-host test needs root and iproute2 network namespaces: {e}");
@@ -118,9 +37,9 @@ fn crc(line: &str) -> (u64, u64) {
 }
 
 fn transfer(hosts: &Hosts, passive: &str, active: &str) {
-    let target = hosts.peer(&hosts.b, &hosts.dev_b, &[passive, BLOCKS, BLOCK, "11"]);
+    let target = peer(&hosts.b, &[passive, BLOCKS, BLOCK, "11"]);
     let metadata = target.line(WAIT);
-    let mut initiator = hosts.peer(&hosts.a, &hosts.dev_a, &[active, "11"]);
+    let mut initiator = peer(&hosts.a, &[active, "11"]);
     let started = Instant::now();
     initiator.send(&metadata);
     assert_eq!(initiator.line(WAIT), r#"{"started":true}"#);

@@ -1,6 +1,11 @@
 //! Helpers shared by this workspace's tests, benchmarks and examples, so each
-//! lives once: deterministic test bytes, checksums, resident memory, and child
-//! processes that speak lines. Not published; not an API.
+//! lives once: deterministic test bytes, checksums, resident memory, bounded
+//! waits, child processes that speak lines, and two network namespaces as two
+//! hosts. Not published; not an API.
+//!
+//! The helpers the conformance suite needs too (test bytes, bounded waits,
+//! resident memory) live in descriptor-core (`conformance`, `testing`), since
+//! this crate depends on it; they are re-exported here, so each has one copy.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::io::{BufRead, Write};
@@ -13,6 +18,11 @@ use descriptor_core::Descriptor;
 /// Deterministic test bytes (the conformance suite's, so every test, benchmark
 /// and peer process agrees on them).
 pub use descriptor_core::conformance::pattern;
+/// Bounded waits (a hang fails the test) and resident memory.
+pub use descriptor_core::testing::{BOUND, eventually, rss_bytes, within};
+
+mod hosts;
+pub use hosts::{Host, Hosts};
 
 #[cfg(feature = "nixl")]
 mod nixl;
@@ -33,14 +43,6 @@ pub fn crc32_of(descriptors: &[Descriptor]) -> u32 {
         crc.update(d.as_slice().expect("host descriptors"));
     }
     crc.sum()
-}
-
-/// Resident memory of this process in bytes (Linux; 0 elsewhere).
-pub fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .map_or(0, |pages| pages * 4096)
 }
 
 /// A child process speaking lines on stdin/stdout, killed when dropped.

@@ -15,13 +15,11 @@ use std::time::{Duration, Instant};
 
 use super::state::Pending;
 use crate::backend::{Notification, RegistrationBackend, TransferState};
-use crate::testing::{Script, Scripted};
+use crate::testing::{BOUND, Script, Scripted, eventually, within};
 use crate::{
     Connector, Descriptor, Device, Error, OperationKind, OperationStatus, RdmaMetadata,
     ReadOperation, SerializedDescriptor,
 };
-
-const BOUND: Duration = Duration::from_secs(10);
 
 fn connector(backend: &Arc<Scripted>) -> Connector {
     Connector::from_arc(Arc::clone(backend) as Arc<dyn RegistrationBackend>)
@@ -40,25 +38,6 @@ fn remote(len: usize) -> RdmaMetadata {
         "key".into(),
     )
     .unwrap()
-}
-
-/// Polls `condition` until it holds; fails after [`BOUND`].
-fn eventually(what: &str, condition: impl Fn() -> bool) {
-    let deadline = Instant::now() + BOUND;
-    while !condition() {
-        assert!(Instant::now() < deadline, "never: {what}");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
-/// Runs `f` on another thread; its result, or a failure after [`BOUND`].
-fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(BOUND)
-        .unwrap_or_else(|_| panic!("hung: {what}"))
 }
 
 /// Asks for the buffers back until they come (within [`BOUND`]), checking

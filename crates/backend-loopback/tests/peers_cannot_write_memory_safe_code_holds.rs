@@ -1,11 +1,12 @@
-//! Regression test from the review (issue "Hardening", defect 2):
+//! With safe code only, a peer cannot write memory that safe code holds,
+//! whatever metadata it forges (the review's defect 2 in issue "Hardening"):
 //! `Connector::backend()` handed safe code the raw backend, whose `expose` let
 //! a peer write into a descriptor that no operation owned, under a live
 //! `&mut [u8]`. The accessor is gone and `RegistrationBackend::expose` is
 //! `unsafe` (the compiler now refuses the reviewer's exploit: see the
-//! `compile_fail` example on `RegistrationBackend`). What the test asserted
-//! still holds: with safe code only, a peer cannot write memory that safe code
-//! holds, whatever metadata it forges.
+//! `compile_fail` example on `RegistrationBackend`). Loopback only: it needs
+//! a backend that checks every access against what was exposed (NIXL does
+//! not: `backend-nixl/tests/forged.rs` pins down what it accepts).
 #![allow(clippy::unwrap_used, clippy::panic)]
 
 use backend_loopback::{Fabric, LoopbackBackend};

@@ -1,6 +1,7 @@
-//! Regression tests from the review (issue "Hardening", defect 10): metadata
-//! parsing accepted damaged input (bytes after the zlib stream), and the serde
-//! path skipped the size bounds.
+//! Damaged metadata is refused: a zlib stream cut short, followed by bytes or
+//! with a wrong checksum, and oversized strings on the serde path (the
+//! review's defect 10 in issue "Hardening": parsing accepted bytes after the
+//! zlib stream, and the serde path skipped the size bounds).
 #![allow(clippy::unwrap_used, clippy::panic)]
 
 use base64::Engine as _;
