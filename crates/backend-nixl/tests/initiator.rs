@@ -31,7 +31,7 @@ fn segment(buf: &mut [u8]) -> Segment {
 enum Follow {
     /// Polls it, asking the target for notifications in the same loop.
     Poll,
-    /// Hands it to the initiator's watcher (`watch`, as a connector does
+    /// Hands it to the initiator's watcher (`awaiting_end`, as a connector does
     /// when one waits on the operation), and leaves it alone until the
     /// target has the notification: only the watcher may move it on. (Not
     /// handed over, a small transfer that is not done at its post waits

@@ -1153,6 +1153,9 @@ impl<B: RegistrationBackend> RegistrationBackend for Hooked<B> {
     fn awaiting_end(&self, transfer: TransferId) {
         self.inner.awaiting_end(transfer);
     }
+    fn warm_up(&self, peer: &str) -> Result<()> {
+        self.inner.warm_up(peer)
+    }
     fn set_event_hook(&self, hook: EventHook) -> bool {
         self.event_driven && self.inner.set_event_hook(hook)
     }
