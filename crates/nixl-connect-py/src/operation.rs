@@ -348,8 +348,8 @@ impl PyOperation {
     ///
     /// `wait_for_completion` calls this before it hands the wait to the event
     /// loop: a transfer that ends within it skips the loop's wake-up (the
-    /// eventfd, then a second loop turn to resume the coroutine), measured at
-    /// 23-27 µs on top of a 4 KiB transfer's 32-53 µs.
+    /// eventfd, then a second loop turn to resume the coroutine; measured in
+    /// docs/decisions/0010-python-await-spin.md).
     #[pyo3(name = "spin")]
     fn spin_for(&self, py: Python<'_>, window: f64) -> PyResult<bool> {
         fork::check()?;

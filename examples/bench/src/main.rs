@@ -326,19 +326,10 @@ fn turns(iters: usize) -> impl Iterator<Item = usize> {
 /// transfers untimed, then `timed` transfers back to back, recorded.
 ///
 /// So every mover is timed in its own steady state, as a stream of transfers
-/// would see it, not in the wake of another mover. Each leaves threads
-/// behind for a while: NIXL's, and this library's watcher, which spins up
-/// to 100 µs after an event. Measured with both raw baselines' identical
-/// twins (10 runs each way, 4 KiB, 64 KiB, 4 KiB x 16, 1 MiB): taking turns
-/// transfer by transfer, a cross-process twin measured 0.60-1.65 x its
-/// baseline in single rows, under 0.9 in 29 of 80; by turns of five, it
-/// measured 0.86-1.37 x, under 0.9 in 2 of 80 (turns of ten: 5 of 80). The
-/// in-process twin, steady either way, fell under 0.9 in 0 of 80 before
-/// and in 3 of 80 by turns of five: a turn holds the machine longer, so
-/// drift falls on fewer movers.
-/// After the quiet time, the first transfer of a cross-process 4 KiB turn
-/// took ~100 µs, the second 40-55 µs, the third about the steady state
-/// (docs/performance.md).
+/// would see it, not in the wake of another mover (each leaves threads
+/// behind for a while: NIXL's, and this library's watcher). Why turns of
+/// five, and what the first transfers after the quiet time cost, measured:
+/// docs/decisions/0009-performance-history.md (bench method).
 fn take_turn(mover: &mut dyn Mover, op: Op, timed: usize, samples: &mut Latencies) -> Res<()> {
     std::thread::sleep(SETTLE);
     for _ in 0..WARM_UP {

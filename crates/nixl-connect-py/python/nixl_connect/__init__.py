@@ -750,8 +750,8 @@ class Connector:
     default (``None``) it is ``$NIXL_CONNECT_AWAIT_SPIN`` if set, else the
     backend's ``wait_assist`` capped at `AWAIT_SPIN_CAP` (100 µs), so NIXL's is
     100 µs and loopback's 0; a number overrides both. A small transfer usually
-    ends within it and then skips the loop's wake-up (measured: a 4 KiB READ
-    awaited in 32-53 µs instead of 57-80). It is skipped while another
+    ends within it and then skips the loop's wake-up (why and how much:
+    docs/decisions/0010-python-await-spin.md). It is skipped while another
     operation is awaited on the same loop; it never applies to passive
     operations, which wait for a peer.
 
@@ -760,9 +760,9 @@ class Connector:
     ``True``, NIXL's default; NIXL only): whether UCX must detect a peer that
     dies (its ``ucx_error_handling_mode``, ``peer`` or ``none``). Off, a host
     without RDMA devices sends notifications through shared memory instead of
-    TCP: a 4 KiB transfer between two processes measured 18-26 µs instead of
-    28-39 µs (Rust API, docs/performance.md), and only the initiator's setting
-    counts. But UCX then does not promise that a transfer to a peer that dies
+    TCP (faster between two processes on such a host: the numbers are in
+    docs/decisions/0005-peer-failure-detection-default.md), and only the
+    initiator's setting counts. But UCX then does not promise that a transfer to a peer that dies
     ends at all: bound the waits where peers can die.
     """
 
