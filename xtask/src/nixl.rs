@@ -53,11 +53,11 @@ pub(crate) fn ensure_runtime(sh: &Shell, root: &Path) -> Result<Runtime, String>
         return Ok(runtime);
     }
     if !succeeds(cmd!(sh, "python3 -m pip --version")) {
-        return Err(
-            "python3 with pip is needed to fetch the NIXL runtime from PyPI; \
-                    on Debian/Ubuntu run: apt-get install -y python3 python3-pip"
-                .into(),
-        );
+        apt_install(
+            sh,
+            "python3 with pip (it fetches the NIXL runtime from PyPI)",
+            &["python3", "python3-pip"],
+        )?;
     }
     let base = root.join("target/nixl-runtime");
     let wheels = base.join("wheels");
@@ -137,32 +137,52 @@ pub(crate) fn provision(sh: &Shell, root: &Path, command: &str) -> Result<Runtim
         })
 }
 
-/// Makes sure bindgen can find libclang, installing it with apt where allowed.
+/// Makes sure bindgen can find libclang and nixl-sys's stubs a C++ compiler,
+/// installing them with apt where allowed.
 pub(crate) fn ensure_libclang(sh: &Shell) -> Result<(), String> {
-    if std::env::var_os("LIBCLANG_PATH").is_some() || find_libclang().is_some() {
-        return Ok(());
+    if std::env::var_os("LIBCLANG_PATH").is_none() && find_libclang().is_none() {
+        apt_install(
+            sh,
+            "libclang (nixl-sys runs bindgen; or set LIBCLANG_PATH)",
+            &["libclang-dev"],
+        )?;
+        find_libclang().ok_or("libclang-dev installed, but no libclang.so found")?;
     }
+    if !crate::succeeds(cmd!(sh, "g++ --version")) {
+        apt_install(sh, "g++ (nixl-sys compiles C++ stubs)", &["g++"])?;
+    }
+    Ok(())
+}
+
+/// Installs Debian `packages` (for `what`, which the error names) with
+/// apt-get, as root only; runs `apt-get update` once if the first try fails.
+pub(crate) fn apt_install(sh: &Shell, what: &str, packages: &[&str]) -> Result<(), String> {
+    let hint = format!(
+        "{what} is missing: on Debian/Ubuntu run `apt-get install -y {}` as root",
+        packages.join(" ")
+    );
     let root = cmd!(sh, "id -u").quiet().read().is_ok_and(|uid| uid == "0");
-    let hint = "nixl-sys runs bindgen, which needs libclang: on Debian/Ubuntu run \
-                `apt-get install -y libclang-dev` as root, or set LIBCLANG_PATH";
     if !root || !Path::new("/usr/bin/apt-get").exists() {
-        return Err(hint.into());
+        return Err(hint);
     }
-    eprintln!("xtask: libclang is missing; installing it with apt-get (libclang-dev)");
+    eprintln!(
+        "xtask: {what} is missing; installing {}",
+        packages.join(" ")
+    );
     let install = || {
         run_quiet(
             cmd!(
                 sh,
-                "apt-get install -y -q --no-install-recommends libclang-dev"
+                "apt-get install -y -q --no-install-recommends {packages...}"
             )
             .env("DEBIAN_FRONTEND", "noninteractive"),
         )
     };
     if install().is_err() {
         run_quiet(cmd!(sh, "apt-get update -q"))?;
-        install()?;
+        install().map_err(|e| format!("{hint}\n{e}"))?;
     }
-    find_libclang().map(|_| ()).ok_or_else(|| hint.into())
+    Ok(())
 }
 
 fn find_libclang() -> Option<PathBuf> {

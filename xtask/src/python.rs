@@ -123,7 +123,12 @@ fn ensure(
         return Ok(venv_python);
     }
     let _ = std::fs::remove_dir_all(dir);
-    run_quiet(cmd!(sh, "{python} -m venv {dir}"))?;
+    let venv = || run_quiet(cmd!(sh, "{python} -m venv {dir}"));
+    if venv().is_err() {
+        // Debian's own python3 makes virtualenvs only with python3-venv.
+        crate::nixl::apt_install(sh, "python3-venv (virtualenvs)", &["python3-venv"])?;
+        venv()?;
+    }
     fill(&venv_python)?;
     std::fs::write(&stamp, wanted).map_err(|e| format!("write {}: {e}", stamp.display()))?;
     Ok(venv_python)
@@ -409,6 +414,9 @@ fn typecheck(sh: &Shell, root: &Path, wheel: &Path) -> bool {
         let pyright = node.join("node_modules/.bin/pyright");
         let stamp = node.join(".complete");
         if !std::fs::read_to_string(&stamp).is_ok_and(|s| s == PYRIGHT) {
+            if !crate::succeeds(cmd!(sh, "npm --version")) {
+                crate::nixl::apt_install(sh, "npm (pyright runs on Node.js)", &["nodejs", "npm"])?;
+            }
             run_quiet(cmd!(
                 sh,
                 "npm install --silent --no-audit --no-fund --prefix {node} {PYRIGHT}"
