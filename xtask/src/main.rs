@@ -468,10 +468,11 @@ fn test(sh: &Shell, ws: &Workspace, long: bool, chosen: &[String]) -> Result<(),
     }
     steps.run("tests + doc tests", tests);
 
-    // The operation state machine, model-checked: loom explores every
-    // interleaving (up to a preemption bound) of small models of it.
+    // The operation state machine and registered regions, model-checked:
+    // loom explores every interleaving (up to a preemption bound) of small
+    // models of them.
     steps.run(
-        "loom model of operations",
+        "loom models: operations, regions",
         cmd!(sh, "{cargo} test --release -p descriptor-core --lib loom")
             .env("RUSTFLAGS", "--cfg loom")
             .env("CARGO_TARGET_DIR", root.join("target/loom")),

@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use descriptor_core::{
-    Error, EventHook, Exposure, ExposureId, Notification, OperationKind, Posted, RegionId,
+    Error, EventHook, Exposed, Exposure, ExposureId, Notification, OperationKind, Posted, RegionId,
     RegistrationBackend, Release, Result, Segment, TransferId, TransferRequest, TransferState,
 };
 
@@ -39,22 +39,10 @@ pub struct LoopbackBackend {
 /// need no lookup for it (ids from `next_id` never reach this bit).
 const DONE: u64 = 1 << 63;
 
+/// The regions registered with this agent, and whether each is writable.
 #[derive(Default)]
 struct LocalRegions {
     by_id: IdMap<RegionId, (Segment, bool)>,
-    /// Every region, sorted by start and id: a binary search finds the one
-    /// holding an address (a `BTreeMap` walk cost several times more per
-    /// pair of a large batch).
-    by_addr: Vec<Span>,
-}
-
-/// A registered region as `LocalRegions::by_addr` sorts it.
-#[derive(Clone, Copy)]
-struct Span {
-    start: usize,
-    id: u64,
-    end: usize,
-    writable: bool,
 }
 
 impl std::fmt::Debug for LoopbackBackend {
@@ -161,8 +149,25 @@ impl LoopbackBackend {
                 ),
             ));
         }
+        if request.local_regions.len() != request.local.len() {
+            return Err(Error::backend(
+                NAME,
+                format!("post {:?} to {peer_name}", request.op),
+                format!(
+                    "{} local segments for {} local regions",
+                    request.local.len(),
+                    request.local_regions.len()
+                ),
+            ));
+        }
         let regions = lock(&self.local);
-        for (index, (local, remote)) in request.local.iter().zip(request.remote).enumerate() {
+        for (index, ((local, remote), region)) in request
+            .local
+            .iter()
+            .zip(request.remote)
+            .zip(request.local_regions)
+            .enumerate()
+        {
             if !local.device.is_host() || !remote.device.is_host() {
                 return Err(Error::Unsupported {
                     backend: NAME,
@@ -179,7 +184,7 @@ impl LoopbackBackend {
                     remote: remote.len,
                 });
             }
-            match regions.holding(local) {
+            match regions.holding(*region, local) {
                 Some(writable) if writable || request.op == OperationKind::Write => {}
                 Some(_) => {
                     return Err(Error::ReadOnlyBuffer { index });
@@ -189,8 +194,8 @@ impl LoopbackBackend {
                         NAME,
                         format!("post {:?} to {peer_name}", request.op),
                         format!(
-                            "local descriptor {index} ({:#x}+{}) is not registered with agent {:?}",
-                            local.addr, local.len, self.agent.name
+                            "local descriptor {index} ({:#x}+{}) is not inside region {} of agent {:?}",
+                            local.addr, local.len, region.0, self.agent.name
                         ),
                     ));
                 }
@@ -215,51 +220,21 @@ impl LoopbackBackend {
 }
 
 impl LocalRegions {
-    /// Where a region starting at `start` with id `id` is, or would go, in
-    /// `by_addr`.
-    fn slot(&self, start: usize, id: u64) -> usize {
-        self.by_addr
-            .partition_point(|s| (s.start, s.id) < (start, id))
-    }
-
-    fn insert(&mut self, id: RegionId, region: Segment, end: usize, writable: bool) {
+    fn insert(&mut self, id: RegionId, region: Segment, writable: bool) {
         self.by_id.insert(id, (region, writable));
-        let at = self.slot(region.addr, id.0);
-        let span = Span {
-            start: region.addr,
-            id: id.0,
-            end,
-            writable,
-        };
-        self.by_addr.insert(at, span);
     }
 
     fn remove(&mut self, id: RegionId) -> Option<(Segment, bool)> {
-        let removed = self.by_id.remove(&id)?;
-        let at = self.slot(removed.0.addr, id.0);
-        if self.by_addr.get(at).is_some_and(|s| s.id == id.0) {
-            self.by_addr.remove(at);
-        }
-        Some(removed)
+        self.by_id.remove(&id)
     }
 
-    /// Whether `segment` lies inside a registered region, and if so its writability.
-    fn holding(&self, segment: &Segment) -> Option<bool> {
-        let end = segment.end()?;
-        // The last region starting at or before the segment almost always
-        // holds it; overlapping registrations need the scan.
-        let after = self.by_addr.partition_point(|s| s.start <= segment.addr);
-        let candidate = after
-            .checked_sub(1)
-            .map(|i| self.by_addr[i])
-            .filter(|s| s.end >= end)
-            .map(|s| s.writable);
-        candidate.or_else(|| {
-            self.by_id
-                .values()
-                .find(|(region, _)| region.contains(segment))
-                .map(|&(_, writable)| writable)
-        })
+    /// Whether `segment` lies inside registered region `id`, and if so the
+    /// region's writability.
+    fn holding(&self, id: RegionId, segment: &Segment) -> Option<bool> {
+        self.by_id
+            .get(&id)
+            .filter(|(region, _)| region.contains(segment))
+            .map(|&(_, writable)| writable)
     }
 }
 
@@ -345,17 +320,17 @@ impl RegistrationBackend for LoopbackBackend {
                 what: format!("{} memory (loopback moves host memory only)", region.device),
             });
         }
-        let Some(end) = region.end().filter(|_| region.len > 0 && region.addr != 0) else {
+        if region.end().is_none() || region.len == 0 || region.addr == 0 {
             return Err(Error::InvalidDescriptor(format!(
                 "{:#x}+{} is not a valid region",
                 region.addr, region.len
             )));
-        };
+        }
         if self.agent.is_gone() {
             return Err(self.gone("register"));
         }
         let id = RegionId(next_id());
-        lock(&self.local).insert(id, *region, end, writable);
+        lock(&self.local).insert(id, *region, writable);
         self.agent.regions.fetch_add(1, Ordering::Relaxed);
         Ok(id)
     }
@@ -382,7 +357,7 @@ impl RegistrationBackend for LoopbackBackend {
 
     unsafe fn expose(
         &self,
-        regions: &[RegionId],
+        ranges: &[Exposed],
         access: OperationKind,
         key: &[u8],
     ) -> Result<Exposure> {
@@ -397,15 +372,31 @@ impl RegistrationBackend for LoopbackBackend {
             ));
         }
         let local = lock(&self.local);
-        let mut exposed = Vec::with_capacity(regions.len());
-        for (index, id) in regions.iter().enumerate() {
-            let &(segment, writable) = local.by_id.get(id).ok_or_else(|| {
-                Error::backend(NAME, "expose", format!("region {} is not registered", id.0))
+        let mut exposed = Vec::with_capacity(ranges.len());
+        for (index, range) in ranges.iter().enumerate() {
+            let &(region, writable) = local.by_id.get(&range.region).ok_or_else(|| {
+                Error::backend(
+                    NAME,
+                    "expose",
+                    format!("region {} is not registered", range.region.0),
+                )
             })?;
+            // The grant is the range, never its whole region: the region's
+            // other views may be in safe code's hands.
+            if !region.contains(&range.segment) {
+                return Err(Error::backend(
+                    NAME,
+                    "expose",
+                    format!(
+                        "range {index} ({:#x}+{}) is not inside region {}",
+                        range.segment.addr, range.segment.len, range.region.0
+                    ),
+                ));
+            }
             if access == OperationKind::Write && !writable {
                 return Err(Error::ReadOnlyBuffer { index });
             }
-            exposed.push((*id, segment));
+            exposed.push((range.region, range.segment));
         }
         drop(local);
         let id = next_id();

@@ -485,7 +485,7 @@ fn page(at: *const u8) -> descriptor_core::Segment {
 #[test]
 fn completed_transfers_read_done_and_unknown_ids_do_not() {
     use descriptor_core::{
-        RegistrationBackend, Release, TransferId, TransferRequest, TransferState,
+        Exposed, RegistrationBackend, Release, TransferId, TransferRequest, TransferState,
     };
     // Declared first, so dropped last: the backends go before the buffers.
     let src = pattern(35, 4096);
@@ -498,16 +498,21 @@ fn completed_transfers_read_done_and_unknown_ids_do_not() {
     // registered read-only and only read, `dst` only written by the copy.
     let posted = unsafe {
         let source = server.register(&remote, false).unwrap();
+        let exposed = Exposed {
+            region: source,
+            segment: remote,
+        };
         let exposure = server
-            .expose(&[source], OperationKind::Read, b"key")
+            .expose(&[exposed], OperationKind::Read, b"key")
             .unwrap();
-        client.register(&local, true).unwrap();
+        let target = client.register(&local, true).unwrap();
         let peer = client.load_remote(&exposure.agent_metadata).unwrap();
         client
             .post(&TransferRequest {
                 op: OperationKind::Read,
                 peer: &peer,
                 local: &[local],
+                local_regions: &[target],
                 remote: &[remote],
                 notification: b"key",
                 notify: true,
@@ -541,7 +546,9 @@ fn completed_transfers_read_done_and_unknown_ids_do_not() {
 /// needs a key of its own.
 #[test]
 fn exposures_are_reached_through_their_notification_key() {
-    use descriptor_core::{RegistrationBackend, Segment, TransferRequest, TransferState};
+    use descriptor_core::{
+        Exposed, RegionId, RegistrationBackend, Segment, TransferRequest, TransferState,
+    };
     // Declared first, so dropped last: the backends go before the buffers.
     let first = pattern(36, 4096);
     let second = pattern(37, 4096);
@@ -549,11 +556,15 @@ fn exposures_are_reached_through_their_notification_key() {
     let (server, client) = agents();
     let (one, two) = (page(first.as_ptr()), page(second.as_ptr()));
     let local = page(dst.as_mut_ptr());
+    // SAFETY: as below: `dst` outlives the backends and is only written by
+    // copies that end inside `post`.
+    let target = unsafe { client.register(&local, true).unwrap() };
     let read = |remote: Segment, key: &[u8], notify: bool| {
         let request = TransferRequest {
             op: OperationKind::Read,
             peer: "server",
             local: &[local],
+            local_regions: &[target],
             remote: &[remote],
             notification: key,
             notify,
@@ -573,19 +584,19 @@ fn exposures_are_reached_through_their_notification_key() {
     };
     // SAFETY: as above; the sources are registered read-only, only read.
     let (a, b) = unsafe {
+        let whole = |region: RegionId, segment: Segment| [Exposed { region, segment }];
         let (r1, r2) = (
-            server.register(&one, false).unwrap(),
-            server.register(&two, false).unwrap(),
+            whole(server.register(&one, false).unwrap(), one),
+            whole(server.register(&two, false).unwrap(), two),
         );
-        client.register(&local, true).unwrap();
-        let a = server.expose(&[r1], OperationKind::Read, b"key-a").unwrap();
-        let b = server.expose(&[r2], OperationKind::Read, b"key-b").unwrap();
-        let taken = server.expose(&[r2], OperationKind::Read, b"key-a");
+        let a = server.expose(&r1, OperationKind::Read, b"key-a").unwrap();
+        let b = server.expose(&r2, OperationKind::Read, b"key-b").unwrap();
+        let taken = server.expose(&r2, OperationKind::Read, b"key-a");
         assert!(
             taken.is_err_and(|e| e.to_string().contains("already has that notification key")),
             "a second exposure under a live key"
         );
-        let keyless = server.expose(&[r2], OperationKind::Read, b"");
+        let keyless = server.expose(&r2, OperationKind::Read, b"");
         assert!(keyless.is_err(), "an exposure without a key");
         (a, b)
     };
@@ -629,7 +640,7 @@ fn exposures_are_reached_through_their_notification_key() {
 /// refused, wherever it sits.
 #[test]
 fn ranges_are_checked_wherever_they_sit_in_the_request() {
-    use descriptor_core::{RegistrationBackend, Segment, TransferRequest, TransferState};
+    use descriptor_core::{Exposed, RegistrationBackend, Segment, TransferRequest, TransferState};
     // Declared first, so dropped last: the backends go before the buffers.
     let sources: Vec<Vec<u8>> = (40..43).map(|seed| pattern(seed, 4096)).collect();
     let mut dst = vec![0u8; 3 * 4096];
@@ -644,23 +655,29 @@ fn ranges_are_checked_wherever_they_sit_in_the_request() {
     // sources are registered read-only and only read, `dst` is registered
     // writable (whole, and its middle page on its own: overlapping) and only
     // written by copies that end inside `post`.
-    unsafe {
-        let regions: Vec<_> = remote
+    let (whole_region, middle_region) = unsafe {
+        let ranges: Vec<Exposed> = remote
             .iter()
-            .map(|r| server.register(r, false).unwrap())
+            .map(|&segment| Exposed {
+                region: server.register(&segment, false).unwrap(),
+                segment,
+            })
             .collect();
-        client.register(&whole, true).unwrap();
-        client.register(&page(base.add(4096)), true).unwrap();
+        let whole_region = client.register(&whole, true).unwrap();
+        let middle_region = client.register(&page(base.add(4096)), true).unwrap();
         let exposed = server
-            .expose(&regions, OperationKind::Read, b"ranges")
+            .expose(&ranges, OperationKind::Read, b"ranges")
             .unwrap();
         client.load_remote(&exposed.agent_metadata).unwrap();
-    }
+        (whole_region, middle_region)
+    };
     let read = |local: &[Segment], remote: &[Segment]| {
+        let local_regions = vec![whole_region; local.len()];
         let request = TransferRequest {
             op: OperationKind::Read,
             peer: "server",
             local,
+            local_regions: &local_regions,
             remote,
             notification: b"ranges",
             notify: false,
@@ -683,12 +700,28 @@ fn ranges_are_checked_wherever_they_sit_in_the_request() {
         assert_eq!(page, pattern(seed, 4096).as_slice());
     }
     // Part of the second page, into a local range that starts inside the
-    // middle region but ends past it (only the whole region holds it).
+    // middle region but ends past it: only the whole region holds it, and a
+    // request naming the middle one is refused.
     let inside = Segment {
         addr: remote[1].addr + 100,
         len: 3900,
         ..remote[1]
     };
+    let misnamed = TransferRequest {
+        op: OperationKind::Read,
+        peer: "server",
+        local: &[at(5000, 3900)],
+        local_regions: &[middle_region],
+        remote: &[inside],
+        notification: b"ranges",
+        notify: false,
+    };
+    // SAFETY: as above; refused before anything is copied.
+    let refused = unsafe { client.post(&misnamed) };
+    assert!(
+        refused.is_err_and(|e| e.to_string().contains("not inside region")),
+        "a local range outside the region its request names"
+    );
     let posted = read(&[at(5000, 3900)], &[inside]).unwrap();
     assert!(matches!(posted.state, TransferState::Done));
     assert!(matches!(client.poll(posted.id), TransferState::Done));

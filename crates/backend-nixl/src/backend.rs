@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use descriptor_core::{
-    Error, EventHook, Exposure, ExposureId, Notification, OperationKind, Posted, RegionId,
+    Error, EventHook, Exposed, Exposure, ExposureId, Notification, OperationKind, Posted, RegionId,
     RegistrationBackend, Release, Result, Segment, SharedCause, Side, TransferId, TransferRequest,
     TransferState,
 };
@@ -127,26 +127,49 @@ impl RegistrationBackend for NixlBackend {
         }
     }
 
-    /// NIXL cannot bind an exposure to a notification key: `_key` is unused.
+    /// NIXL cannot bind an exposure to a notification key (`_key` is
+    /// unused), nor to part of a registration: a peer that loads the blob
+    /// may reach the whole of each region holding an exposed range
+    /// ([`MetadataScope::Exposed`]: those regions; `Agent`: every region).
     unsafe fn expose(
         &self,
-        regions: &[RegionId],
+        ranges: &[Exposed],
         access: OperationKind,
         _key: &[u8],
     ) -> Result<Exposure> {
         let segments = {
             let registered = lock(&self.regions);
-            let mut segments = Vec::with_capacity(regions.len());
-            for (index, id) in regions.iter().enumerate() {
-                let region = registered.get(&id.0).ok_or_else(|| {
-                    Error::backend(NAME, "expose", format!("region {} is not registered", id.0))
+            let mut regions: Vec<(RegionId, Segment)> = Vec::with_capacity(ranges.len());
+            for (index, range) in ranges.iter().enumerate() {
+                let region = registered.get(&range.region.0).ok_or_else(|| {
+                    Error::backend(
+                        NAME,
+                        "expose",
+                        format!("region {} is not registered", range.region.0),
+                    )
                 })?;
+                if !region.segment.contains(&range.segment) {
+                    return Err(Error::backend(
+                        NAME,
+                        "expose",
+                        format!(
+                            "range {index} ({:#x}+{}) is not inside region {}",
+                            range.segment.addr, range.segment.len, range.region.0
+                        ),
+                    ));
+                }
                 if access == OperationKind::Write && !region.writable {
                     return Err(Error::ReadOnlyBuffer { index });
                 }
-                segments.push(region.segment);
+                regions.push((range.region, region.segment));
             }
-            segments
+            // Pool views share a region: it is described once.
+            regions.sort_unstable_by_key(|&(id, _)| id);
+            regions.dedup_by_key(|&mut (id, _)| id);
+            regions
+                .into_iter()
+                .map(|(_, segment)| segment)
+                .collect::<Vec<_>>()
         };
         let agent_metadata = self.exposure_md(&segments)?;
         // A peer may notify from now on: the watcher looks for notifications.

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use backend_nixl::NixlBackend;
 use descriptor_core::{
-    Device, OperationKind, RegistrationBackend, Release, Segment, TransferRequest, TransferState,
+    Device, Exposed, OperationKind, RegistrationBackend, Release, Segment, TransferRequest,
+    TransferState,
 };
 use test_support::pattern;
 
@@ -57,7 +58,14 @@ fn write_once(from: &NixlBackend, to: &NixlBackend, len: usize, follow: Follow) 
     let (target_region, source_region, exposure) = unsafe {
         let target_region = to.register(&target_seg, true).unwrap();
         let exposure = to
-            .expose(&[target_region], OperationKind::Write, b"key")
+            .expose(
+                &[Exposed {
+                    region: target_region,
+                    segment: target_seg,
+                }],
+                OperationKind::Write,
+                b"key",
+            )
             .unwrap();
         let source_region = from.register(&source_seg, false).unwrap();
         (target_region, source_region, exposure)
@@ -68,6 +76,7 @@ fn write_once(from: &NixlBackend, to: &NixlBackend, len: usize, follow: Follow) 
         op: OperationKind::Write,
         peer: &peer,
         local: &[source_seg],
+        local_regions: &[source_region],
         remote: &[target_seg],
         notification: b"key",
         notify: true,
@@ -217,19 +226,27 @@ fn the_notification_outlives_an_initiator_dropped_at_once() {
     // SAFETY: both buffers outlive their registrations: `b`'s is revoked and
     // deregistered below, `a`'s goes with `a`, dropped once its transfer
     // ended (the buffers are leaked on a failed assertion).
-    let (target_region, exposure) = unsafe {
+    let (target_region, source_region, exposure) = unsafe {
         let target_region = b.register(&target_seg, true).unwrap();
         let exposure = b
-            .expose(&[target_region], OperationKind::Write, b"bye")
+            .expose(
+                &[Exposed {
+                    region: target_region,
+                    segment: target_seg,
+                }],
+                OperationKind::Write,
+                b"bye",
+            )
             .unwrap();
-        a.register(&source_seg, false).unwrap();
-        (target_region, exposure)
+        let source_region = a.register(&source_seg, false).unwrap();
+        (target_region, source_region, exposure)
     };
     let peer = a.load_remote(&exposure.agent_metadata).unwrap();
     let request = TransferRequest {
         op: OperationKind::Write,
         peer: &peer,
         local: &[source_seg],
+        local_regions: &[source_region],
         remote: &[target_seg],
         notification: b"bye",
         notify: true,

@@ -54,6 +54,18 @@ impl Segment {
     }
 }
 
+/// A range of a registered region that an exposure lets peers reach: the
+/// bytes of one descriptor (a view) a passive operation holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Exposed {
+    /// The registered region holding the range.
+    pub region: RegionId,
+    /// The range itself: inside `region`, the bytes the peer may move (the
+    /// descriptor's [`size`](crate::Descriptor::size) from its
+    /// [`ptr`](crate::Descriptor::ptr)).
+    pub segment: Segment,
+}
+
 /// What an exposure hands to peers: the agent-metadata blob for some regions.
 #[derive(Debug, Clone)]
 pub struct Exposure {
@@ -84,6 +96,9 @@ pub struct TransferRequest<'a> {
     pub peer: &'a str,
     /// Local segments, inside regions registered with this backend.
     pub local: &'a [Segment],
+    /// The region holding each local segment, index by index: segments of
+    /// one region that end where the next begins may be moved as one.
+    pub local_regions: &'a [RegionId],
     /// Remote segments, as the peer's metadata describes them (untrusted).
     pub remote: &'a [Segment],
     /// The notification key of the peer's operation, from its metadata: the
@@ -200,11 +215,11 @@ pub type EventHook = Arc<dyn Fn() + Send + Sync>;
 /// these promises; it does not hand its backend out.
 ///
 /// ```compile_fail,E0133
-/// # use descriptor_core::{OperationKind, RegionId, RegistrationBackend};
-/// // Exposing a region behind the connector's back takes `unsafe`: the region
-/// // may belong to a descriptor that safe code is reading or writing.
-/// fn expose_held_memory(backend: &dyn RegistrationBackend) {
-///     let _ = backend.expose(&[RegionId(1)], OperationKind::Write, b"key");
+/// # use descriptor_core::{Exposed, OperationKind, RegistrationBackend};
+/// // Exposing memory behind the connector's back takes `unsafe`: it may
+/// // belong to a descriptor that safe code is reading or writing.
+/// fn expose_held_memory(backend: &dyn RegistrationBackend, range: Exposed) {
+///     let _ = backend.expose(&[range], OperationKind::Write, b"key");
 /// }
 /// ```
 ///
@@ -239,27 +254,29 @@ pub trait RegistrationBackend: Send + Sync + 'static {
     /// Deregisters a region; called before its memory is released.
     fn deregister(&self, region: RegionId) -> Result<()>;
 
-    /// Describes `regions` to peers that may `access` them (READ for a readable,
-    /// WRITE for a writable), ideally nothing more than those regions. Exposing a
-    /// region registered read-only for WRITE is an error.
+    /// Describes `ranges` (each inside a region registered with this backend)
+    /// to peers that may `access` them (READ for a readable, WRITE for a
+    /// writable), ideally nothing more than those ranges: a region holds other
+    /// views too, which safe code may be using. Exposing a range of a region
+    /// registered read-only for WRITE is an error.
     ///
     /// `key` is the notification key of the operation the exposure is made for
     /// (unique among this agent's live exposures, never empty): the peer's
     /// transfers carry it in [`TransferRequest::notification`]. A backend may
     /// bind the exposure to it, so that only a transfer carrying the key
-    /// reaches these regions (loopback does; NIXL cannot and ignores it).
+    /// reaches these ranges (loopback does; NIXL cannot and ignores it).
     ///
     /// # Safety
     ///
     /// From the call on, a peer that is given the returned metadata may read or
-    /// write the regions' memory at any time. So that memory must stay valid,
+    /// write the ranges' memory at any time. So that memory must stay valid,
     /// and nothing but this backend may access it, until [`revoke`](Self::revoke)
     /// has returned for the exposure when [`revocation_enforced`](Self::revocation_enforced)
     /// is true; otherwise until the peer has notified completion, or for ever.
     /// On `Err` nothing was exposed.
     unsafe fn expose(
         &self,
-        regions: &[RegionId],
+        ranges: &[Exposed],
         access: OperationKind,
         key: &[u8],
     ) -> Result<Exposure>;
@@ -295,8 +312,9 @@ pub trait RegistrationBackend: Send + Sync + 'static {
     ///
     /// # Safety
     ///
-    /// Every local segment lies inside a region registered with this backend
-    /// (registered writable if the transfer READs into it), and stays valid and
+    /// Every local segment lies inside the region registered with this
+    /// backend that `local_regions` names at its index (registered writable
+    /// if the transfer READs into it), and stays valid and
     /// untouched by anything else until [`release`](Self::release) returns
     /// [`Release::LetGo`] for the returned transfer. On `Err` no transfer was
     /// started.
@@ -380,12 +398,12 @@ impl<B: RegistrationBackend + ?Sized> RegistrationBackend for Box<B> {
     }
     unsafe fn expose(
         &self,
-        regions: &[RegionId],
+        ranges: &[Exposed],
         access: OperationKind,
         key: &[u8],
     ) -> Result<Exposure> {
         // SAFETY: our caller's contract is the boxed backend's.
-        unsafe { (**self).expose(regions, access, key) }
+        unsafe { (**self).expose(ranges, access, key) }
     }
     fn revoke(&self, exposure: ExposureId) -> Result<()> {
         (**self).revoke(exposure)

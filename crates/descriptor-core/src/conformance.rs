@@ -36,6 +36,9 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Wake, Waker};
 use std::time::Duration;
 
+mod views;
+pub use views::*;
+
 use crate::faults::{Faults, Faulty, Stall};
 use crate::testing::{eventually, within};
 use crate::{
@@ -1102,13 +1105,13 @@ impl<B: RegistrationBackend> RegistrationBackend for Hooked<B> {
     }
     unsafe fn expose(
         &self,
-        regions: &[RegionId],
+        ranges: &[crate::Exposed],
         access: OperationKind,
         key: &[u8],
     ) -> Result<Exposure> {
         self.call(Call::Expose);
         // SAFETY: our caller's contract is the inner backend's.
-        unsafe { self.inner.expose(regions, access, key) }
+        unsafe { self.inner.expose(ranges, access, key) }
     }
     fn revoke(&self, exposure: ExposureId) -> Result<()> {
         self.call(Call::Revoke);
@@ -1805,6 +1808,30 @@ macro_rules! __conformance_checks {
                 a_refused_agent_blob_keeps_every_idle_peer {
                     holds: |h, p| $crate::conformance::a_refused_agent_blob_keeps_every_idle_peer(h);
                 }
+                a_transfer_into_a_view_leaves_its_neighbours_untouched {
+                    holds: |h, p| $crate::conformance::a_transfer_into_a_view_leaves_its_neighbours_untouched(h);
+                }
+                partial_lengths_move_only_the_prefix {
+                    holds: |h, p| $crate::conformance::partial_lengths_move_only_the_prefix(h);
+                }
+                a_fitted_read_reports_the_length_that_arrived {
+                    holds: |h, p| $crate::conformance::a_fitted_read_reports_the_length_that_arrived(h);
+                }
+                pairing_checks_transfer_lengths {
+                    holds: |h, p| $crate::conformance::pairing_checks_transfer_lengths(h);
+                }
+                views_come_back_and_move_again_without_registering {
+                    holds: |h, p| $crate::conformance::views_come_back_and_move_again_without_registering(h);
+                }
+                deregistration_after_the_last_view {
+                    holds: |h, p| $crate::conformance::deregistration_after_the_last_view(h);
+                }
+                a_dropped_pool_with_views_in_flight {
+                    holds: |h, p| $crate::conformance::a_dropped_pool_with_views_in_flight(h);
+                }
+                pool_to_pool_after_the_peer_is_unloaded_and_reloaded {
+                    holds: |h, p| $crate::conformance::pool_to_pool_after_the_peer_is_unloaded_and_reloaded(h);
+                }
             }
         }
     };
@@ -1924,20 +1951,23 @@ macro_rules! __conformance_tests {
 
 #[cfg(test)]
 mod tests {
-    /// The checks of this file: its `pub fn`s whose first parameter is the
-    /// harness.
+    /// The checks of this file and its submodules: their `pub fn`s whose
+    /// first parameter is the harness.
     fn checks_in_source() -> Vec<&'static str> {
-        include_str!("conformance.rs")
-            .split("\npub fn ")
-            .skip(1)
-            .filter_map(|rest| {
-                let (name, after) = rest.split_once('(')?;
-                after
-                    .trim_start()
-                    .starts_with("h: &dyn Harness")
-                    .then_some(name.trim())
-            })
-            .collect()
+        [
+            include_str!("conformance.rs"),
+            include_str!("conformance/views.rs"),
+        ]
+        .into_iter()
+        .flat_map(|source| source.split("\npub fn ").skip(1))
+        .filter_map(|rest| {
+            let (name, after) = rest.split_once('(')?;
+            after
+                .trim_start()
+                .starts_with("h: &dyn Harness")
+                .then_some(name.trim())
+        })
+        .collect()
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::backend::{RegistrationBackend, Segment, TransferRequest};
+use crate::backend::{Exposed, RegionId, RegistrationBackend, Segment, TransferRequest};
 use crate::descriptor::Descriptor;
 use crate::engine::Engine;
 use crate::error::{Error, Result, Side};
@@ -33,6 +33,8 @@ struct Inner {
     backend: Arc<dyn RegistrationBackend>,
     engine: Arc<Engine>,
     remotes: Arc<RemoteCache>,
+    /// Backend registrations made so far.
+    registrations: AtomicU64,
 }
 
 impl Drop for Inner {
@@ -75,6 +77,7 @@ impl ConnectorBuilder {
                 engine: Engine::new(Arc::clone(&backend)),
                 remotes: Arc::new(RemoteCache::new(Arc::clone(&backend), self.max_idle_peers)),
                 backend,
+                registrations: AtomicU64::new(0),
             }),
         }
     }
@@ -177,6 +180,18 @@ impl Connector {
         self.inner.id
     }
 
+    /// How many regions this connector has registered with its backend so
+    /// far: one per plain descriptor on its first use, one per
+    /// [`BlockPool`](crate::BlockPool) or [`RegisteredMemory`](crate::RegisteredMemory)
+    /// whatever its views do. Operations over pooled views add none.
+    pub fn registrations(&self) -> u64 {
+        self.inner.registrations.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_registration(&self) {
+        self.inner.registrations.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(crate) fn shared_name(&self) -> Arc<str> {
         Arc::clone(&self.inner.name)
     }
@@ -235,6 +250,39 @@ impl Connector {
             .map(ReadOperation::new)
     }
 
+    /// READs a peer's readable memory into descriptors that may be larger
+    /// than what they receive: sets each local descriptor's
+    /// [`size`](Descriptor::size) to its remote partner's, then
+    /// [`begin_read`](Self::begin_read)s. What comes back holds the length
+    /// that arrived in `size()`, its bytes past it untouched: read a peer's
+    /// 3.7 MB into a pooled 8 MB block.
+    ///
+    /// [`Error::CapacityTooSmall`] if a remote descriptor is larger than its
+    /// local partner's [`capacity`](Descriptor::capacity); the other pairing
+    /// rules are `begin_read`'s.
+    pub fn begin_read_fit(
+        &self,
+        remote: &RdmaMetadata,
+        local: impl Into<Vec<Descriptor>>,
+    ) -> Result<ReadOperation> {
+        let mut local = local.into();
+        // A count mismatch is `begin_read`'s to report.
+        if local.len() == remote.descriptors().len() {
+            for (index, (l, r)) in local.iter_mut().zip(remote.descriptors()).enumerate() {
+                let wanted = usize::try_from(r.size).unwrap_or(usize::MAX);
+                if wanted > l.capacity() {
+                    return Err(Error::CapacityTooSmall {
+                        index,
+                        capacity: l.capacity(),
+                        remote: wanted,
+                    });
+                }
+                l.set_size(wanted)?;
+            }
+        }
+        self.begin_read(remote, local)
+    }
+
     /// WRITEs `local` into a peer's writable memory; the transfer is posted before
     /// this returns.
     ///
@@ -257,10 +305,12 @@ impl Connector {
         access: OperationKind,
     ) -> Result<(OperationCore, RdmaMetadata)> {
         check_local(&descriptors, access == OperationKind::Write)?;
-        let mut regions = Vec::with_capacity(descriptors.len());
+        let mut ranges = Vec::with_capacity(descriptors.len());
         for d in &mut descriptors {
-            d.register_memory(self)?;
-            regions.extend(d.region());
+            ranges.push(Exposed {
+                region: d.register_view(self)?,
+                segment: d.segment(),
+            });
         }
         // The key the peer's transfer will carry (and notify with); a backend
         // may let that transfer reach this exposure only.
@@ -268,12 +318,13 @@ impl Connector {
         // From here on a peer may touch the memory: should anything panic
         // before the operation owns it, the `Held` leaks it.
         let descriptors = Held::new(descriptors);
-        // SAFETY: the regions belong to `descriptors`, registered above with
-        // this backend; the operation built below owns them and hands them back
+        // SAFETY: the ranges are the bytes of `descriptors`, whose regions
+        // were registered above with this backend; no other live view
+        // overlaps them (V1); the operation built below owns them and hands them back
         // only once the exposure is revoked (and, when revocation is not
         // enforced, only if the peer notified completion): `OpShared::let_go`.
         // If `expose` fails, nothing was exposed and they are freed normally.
-        let exposed = unsafe { self.inner.backend.expose(&regions, access, key.as_bytes()) };
+        let exposed = unsafe { self.inner.backend.expose(&ranges, access, key.as_bytes()) };
         let exposure = match exposed {
             Ok(exposure) => exposure,
             Err(e) => {
@@ -320,14 +371,15 @@ impl Connector {
         op: OperationKind,
     ) -> Result<OperationCore> {
         check_pairing(remote, &local, op)?;
+        let mut regions = StackVec::<RegionId, 4>::with_capacity(local.len(), RegionId(0));
         for d in &mut local {
-            d.register_memory(self)?;
+            regions.push(d.register_view(self)?);
         }
         let lease = self.inner.remotes.acquire(remote.agent_metadata())?;
         // Local segments, then remote ones, in one buffer.
-        let mut segments = Segments::with_capacity(2 * local.len());
+        let mut segments = Segments::with_capacity(2 * local.len(), EMPTY_SEGMENT);
         for d in &local {
-            segments.push(*d.segment());
+            segments.push(d.segment());
         }
         push_remote_segments(&mut segments, remote.descriptors())?;
         let (local_segments, remote_segments) = segments.as_slice().split_at(local.len());
@@ -335,6 +387,7 @@ impl Connector {
             op,
             peer: lease.peer(),
             local: local_segments,
+            local_regions: regions.as_slice(),
             remote: remote_segments,
             notification: remote.notification_key().as_bytes(),
             notify: true,
@@ -346,8 +399,10 @@ impl Connector {
         // `OpShared::posted` makes) may have started the transfer: the `Held`
         // then leaks the memory instead of freeing it.
         let local = Held::new(local);
-        // SAFETY: every local segment is a descriptor registered just above with
-        // this backend (writable when READ into: checked by `check_pairing`); the
+        // SAFETY: every local segment is the transferred part of a descriptor
+        // whose region was registered just above with this backend and is
+        // named at its index in `local_regions` (writable when READ into:
+        // checked by `check_pairing`); no other live view overlaps it (V1); the
         // operation created below owns the descriptors and hands them back only
         // after `release` answered `Release::LetGo` (`state::released`, called
         // at post time or when the transfer is settled). If `post` fails, no
@@ -461,56 +516,56 @@ fn push_remote_segments(
     Ok(())
 }
 
-/// A request's segment list: on the stack for the few pairs most operations
-/// move (an allocation and its free were 7% of a loopback operation's
-/// instructions), on the heap beyond.
-enum Segments {
-    Inline {
-        items: [Segment; Segments::INLINE],
-        len: usize,
-    },
-    Heap(Vec<Segment>),
+/// A segment that is never read: fills a `Segments` list's unused slots.
+const EMPTY_SEGMENT: Segment = Segment {
+    addr: 0,
+    len: 0,
+    device: crate::Device::HOST,
+};
+
+/// A request's local then remote segments: four pairs on the stack.
+type Segments = StackVec<Segment, 8>;
+
+/// A list on the stack for the few items most operations need (an
+/// allocation and its free were 7% of a loopback operation's instructions),
+/// on the heap beyond `N`.
+enum StackVec<T: Copy, const N: usize> {
+    Inline { items: [T; N], len: usize },
+    Heap(Vec<T>),
 }
 
-impl Segments {
-    /// Segments held on the stack: four local-remote pairs.
-    const INLINE: usize = 8;
-
-    fn with_capacity(capacity: usize) -> Segments {
-        if capacity <= Self::INLINE {
-            let empty = Segment {
-                addr: 0,
-                len: 0,
-                device: crate::Device::HOST,
-            };
-            Segments::Inline {
-                items: [empty; Self::INLINE],
+impl<T: Copy, const N: usize> StackVec<T, N> {
+    /// Room for `capacity` items; `fill` fills the unused slots on the stack.
+    fn with_capacity(capacity: usize, fill: T) -> StackVec<T, N> {
+        if capacity <= N {
+            StackVec::Inline {
+                items: [fill; N],
                 len: 0,
             }
         } else {
-            Segments::Heap(Vec::with_capacity(capacity))
+            StackVec::Heap(Vec::with_capacity(capacity))
         }
     }
 
-    fn push(&mut self, segment: Segment) {
+    fn push(&mut self, item: T) {
         match self {
-            Segments::Inline { items, len } if *len < Self::INLINE => {
-                items[*len] = segment;
+            StackVec::Inline { items, len } if *len < N => {
+                items[*len] = item;
                 *len += 1;
             }
-            Segments::Inline { items, .. } => {
+            StackVec::Inline { items, .. } => {
                 let mut spilled = items.to_vec();
-                spilled.push(segment);
-                *self = Segments::Heap(spilled);
+                spilled.push(item);
+                *self = StackVec::Heap(spilled);
             }
-            Segments::Heap(items) => items.push(segment),
+            StackVec::Heap(items) => items.push(item),
         }
     }
 
-    fn as_slice(&self) -> &[Segment] {
+    fn as_slice(&self) -> &[T] {
         match self {
-            Segments::Inline { items, len } => &items[..*len],
-            Segments::Heap(items) => items,
+            StackVec::Inline { items, len } => &items[..*len],
+            StackVec::Heap(items) => items,
         }
     }
 }
@@ -530,14 +585,14 @@ mod tests {
     #[test]
     fn segment_lists_keep_their_order_on_the_stack_and_past_it() {
         for (capacity, count) in [(2, 2), (8, 8), (8, 9), (2, 20), (20, 20), (0, 3)] {
-            let mut segments = Segments::with_capacity(capacity);
+            let mut segments = Segments::with_capacity(capacity, EMPTY_SEGMENT);
             for i in 0..count {
                 segments.push(segment(0x1000 + i));
             }
             let addrs: Vec<usize> = segments.as_slice().iter().map(|s| s.addr).collect();
             assert_eq!(addrs, (0x1000..0x1000 + count).collect::<Vec<_>>());
-            let inline = matches!(segments, Segments::Inline { .. });
-            assert_eq!(inline, count <= Segments::INLINE, "{capacity} {count}");
+            let inline = matches!(segments, StackVec::Inline { .. });
+            assert_eq!(inline, count <= 8, "{capacity} {count}");
         }
     }
 }

@@ -1,83 +1,71 @@
-//! [`Descriptor`]: one contiguous region of memory on one device, with its owner.
+//! [`Descriptor`]: an owned view of registered memory on one device.
 
 use std::any::Any;
 use std::fmt;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::time::Instant;
 
 use bytemuck::Pod;
 use bytes::Bytes;
 
-use crate::backend::{RegionId, RegistrationBackend, Segment};
+use crate::backend::{RegionId, Segment};
 use crate::buffer::{MemoryBuffer, RawMemory};
 use crate::connector::Connector;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::metadata::SerializedDescriptor;
+use crate::region::Region;
 
-/// One contiguous region on one device, owning the memory it describes.
+/// An owned, contiguous view of memory on one device: what operations move.
 ///
 /// Build one from an owned buffer ([`new`](Self::new)), from an owned buffer and
 /// the device it must be on ([`with_device`](Self::with_device)), from bytes
 /// ([`from_bytes`](Self::from_bytes), or `From<Vec<u8>>`), or from foreign memory
-/// ([`from_raw_parts`](Self::from_raw_parts)). Operations take descriptors by value
-/// and hand them back when no transfer can touch them any more; take the buffer
-/// back with [`into_buffer`](Self::into_buffer) or [`into_vec`](Self::into_vec).
+/// ([`from_raw_parts`](Self::from_raw_parts)): such a descriptor is the one
+/// view of its buffer. Or check views out of memory registered once: a
+/// [`BlockPool`](crate::BlockPool) or [`RegisteredMemory`](crate::RegisteredMemory).
+/// Operations take descriptors by value and hand them back when no transfer
+/// can touch them any more; take a buffer back with
+/// [`into_buffer`](Self::into_buffer) or [`into_vec`](Self::into_vec).
 ///
-/// A registered descriptor deregisters itself when dropped, before its memory is
-/// released.
+/// # Views, capacity and size
+///
+/// A descriptor owns `capacity()` bytes starting at `ptr()`; no other live
+/// descriptor overlaps them. [`split_to`](Self::split_to),
+/// [`split_off`](Self::split_off) and [`unsplit`](Self::unsplit) divide and
+/// join views of one buffer without copying, as `bytes::BytesMut` does.
+/// [`size`](Self::size) is what a transfer moves and what metadata publishes:
+/// the capacity unless [`set_size`](Self::set_size) made it less (a partial
+/// length). All views of one buffer share one registration: it ends, and the
+/// memory is released, only after the last view (and pool handle) is gone.
+///
+/// ```
+/// # use descriptor_core::Descriptor;
+/// let mut head = Descriptor::new(vec![0u8; 4096])?;
+/// let tail = head.split_off(1024)?; // [1024, 4096): another view, no copy
+/// assert_eq!((head.capacity(), tail.capacity()), (1024, 3072));
+/// assert_eq!(tail.ptr(), head.ptr() + 1024);
+/// head.unsplit(tail).expect("adjacent views of one buffer");
+/// head.set_size(100)?; // move only the first 100 bytes
+/// assert_eq!((head.size(), head.capacity()), (100, 4096));
+/// assert_eq!(head.into_vec::<u8>().ok().map(|v| v.len()), Some(4096));
+/// # Ok::<(), descriptor_core::Error>(())
+/// ```
 pub struct Descriptor {
-    /// Deregistered (in `Drop`) before the buffer is released.
-    registration: Option<Registration>,
-    ptr: *mut u8,
-    segment: Segment,
-    writable: bool,
-    /// `Some` until `into_buffer` takes it or `drop` releases (or leaks) it.
-    buffer: Option<Box<dyn MemoryBuffer>>,
-}
-
-// SAFETY: `ptr` points into `buffer`, which is Send + Sync; the descriptor only
-// hands out references to that memory through `&self`/`&mut self`, so moving it
-// or sharing it across threads is as safe as for the buffer itself.
-unsafe impl Send for Descriptor {}
-// SAFETY: see `Send`: `&Descriptor` only gives shared reads of the memory.
-unsafe impl Sync for Descriptor {}
-
-struct Registration {
-    connector_id: u64,
-    connector_name: Arc<str>,
-    backend: Arc<dyn RegistrationBackend>,
-    region: RegionId,
-}
-
-impl Registration {
-    /// Deregisters the region; false if the backend refused or panicked, in
-    /// which case it may still hand the memory to peers.
-    fn deregister(&self) -> bool {
-        match catch_unwind(AssertUnwindSafe(|| self.backend.deregister(self.region))) {
-            Ok(Ok(())) => true,
-            Ok(Err(error)) => {
-                tracing::error!(%error, connector = %self.connector_name, region = self.region.0, "deregistration failed");
-                false
-            }
-            Err(_) => {
-                tracing::error!(connector = %self.connector_name, region = self.region.0, "deregistration panicked");
-                false
-            }
-        }
-    }
+    region: Arc<Region>,
+    /// Where the view starts in the region.
+    offset: usize,
+    /// The bytes the view owns; 0 only for a view being dissolved
+    /// ([`unsplit`](Self::unsplit)), whose drop gives nothing back.
+    capacity: usize,
+    /// The bytes a transfer moves: `0 < size <= capacity`.
+    size: usize,
 }
 
 impl Drop for Descriptor {
     fn drop(&mut self) {
-        if let Some(registration) = self.registration.take()
-            && !registration.deregister()
-        {
-            // Still registered as far as we know: leak rather than free
-            // memory the backend might let a peer reach.
-            std::mem::forget(self.buffer.take());
-        }
+        // The range goes back to the pool (a leaf lock, no backend call);
+        // then the `Arc`: the last one deregisters and frees (`Region::drop`).
+        self.region.give_back(self.offset, self.capacity);
     }
 }
 
@@ -91,34 +79,21 @@ impl Descriptor {
     /// # Ok::<(), descriptor_core::Error>(())
     /// ```
     pub fn new<B: MemoryBuffer>(buffer: B) -> Result<Descriptor> {
-        // Box first, then take the pointer: later moves of the descriptor move
-        // only the box pointer, never the buffer value the pointer came from.
-        let mut buffer: Box<dyn MemoryBuffer> = Box::new(buffer);
-        let len = buffer.len();
-        let device = buffer.device();
-        let writable = buffer.is_writable();
-        let ptr = buffer.base_ptr();
-        if len == 0 {
-            return Err(Error::InvalidDescriptor("the buffer is empty".into()));
+        let region = Region::new(buffer, |_| Ok(None))?;
+        let len = region.whole().len;
+        Ok(Descriptor::view(region, 0, len))
+    }
+
+    /// A view of `[offset, offset + len)` of `region`, whose range the caller
+    /// owns (V1: handed out by the region's allocator, or the region's
+    /// whole buffer for its one view).
+    pub(crate) fn view(region: Arc<Region>, offset: usize, len: usize) -> Descriptor {
+        Descriptor {
+            region,
+            offset,
+            capacity: len,
+            size: len,
         }
-        if ptr.is_null() {
-            return Err(Error::InvalidDescriptor(
-                "the buffer's address is null".into(),
-            ));
-        }
-        let addr = ptr.expose_provenance();
-        if addr.checked_add(len).is_none() {
-            return Err(Error::InvalidDescriptor(format!(
-                "{len} bytes at {addr:#x} wrap the address space"
-            )));
-        }
-        Ok(Descriptor {
-            registration: None,
-            ptr,
-            segment: Segment { addr, len, device },
-            writable,
-            buffer: Some(buffer),
-        })
     }
 
     /// Describes an owned buffer that must live on `device`: the checked form of
@@ -161,89 +136,177 @@ impl Descriptor {
 
     /// Registers the memory with `connector`'s backend. Calling it again with the
     /// same connector does nothing; with another connector it is an error.
-    /// Operations register their descriptors themselves.
+    /// Operations register their descriptors themselves. All views of one
+    /// buffer share one registration.
     pub fn register_memory(&mut self, connector: &Connector) -> Result<()> {
-        match &self.registration {
-            Some(r) if r.connector_id == connector.id() => Ok(()),
-            Some(r) => Err(Error::RegisteredElsewhere {
-                registered: r.connector_name.to_string(),
-                requested: connector.name().to_owned(),
-            }),
-            None => {
-                let started = Instant::now();
-                let backend = connector.backend_arc();
-                // SAFETY: the buffer stays valid (and writable if it says so) until
-                // `Registration::drop` deregisters it, which happens before the
-                // buffer is dropped; `addr` came from `expose_provenance`; and while
-                // an operation owns the descriptor nothing else can reach the memory.
-                let region = unsafe { backend.register(&self.segment, self.writable)? };
-                tracing::debug!(
-                    connector = connector.name(),
-                    bytes = self.segment.len,
-                    device = %self.segment.device,
-                    region = region.0,
-                    elapsed_us = started.elapsed().as_micros() as u64,
-                    "registered memory"
-                );
-                self.registration = Some(Registration {
-                    connector_id: connector.id(),
-                    connector_name: connector.shared_name(),
-                    backend,
-                    region,
-                });
-                Ok(())
-            }
-        }
+        self.region.register(connector).map(drop)
     }
 
     /// Whether the memory is registered with a connector.
     pub fn is_registered(&self) -> bool {
-        self.registration.is_some()
+        self.region.id().is_some()
     }
 
     /// The device the memory lives on.
     pub fn device(&self) -> Device {
-        self.segment.device
+        self.region.whole().device
     }
 
-    /// Size in bytes (never zero).
+    /// Bytes a transfer moves (never zero): the [`capacity`](Self::capacity)
+    /// unless [`set_size`](Self::set_size) made it less. Metadata publishes
+    /// it, and the pairing rules compare it.
     pub fn size(&self) -> usize {
-        self.segment.len
+        self.size
+    }
+
+    /// Bytes this view owns.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Makes a transfer move the first `size` bytes of the view only (a
+    /// partial length); [`Error::InvalidDescriptor`] unless
+    /// `0 < size <= capacity()`. The bytes past it are neither sent nor
+    /// overwritten, and stay the view's.
+    pub fn set_size(&mut self, size: usize) -> Result<()> {
+        if size == 0 || size > self.capacity {
+            return Err(Error::InvalidDescriptor(format!(
+                "size {size} is not within 1..={} (the view's capacity)",
+                self.capacity
+            )));
+        }
+        self.size = size;
+        Ok(())
+    }
+
+    /// Moves the whole view again: `size() == capacity()`.
+    pub fn reset_size(&mut self) {
+        self.size = self.capacity;
     }
 
     /// Start address, as a peer sees it in [`RdmaMetadata`](crate::RdmaMetadata).
     pub fn ptr(&self) -> usize {
-        self.segment.addr
+        self.region.whole().addr + self.offset
     }
 
     /// Whether transfers may write into the memory.
     pub fn is_writable(&self) -> bool {
-        self.writable
+        self.region.is_writable()
     }
 
-    /// The bytes, for host memory (`None` for device memory).
+    /// For a view of a [`BlockPool`](crate::BlockPool): the index of its
+    /// first block.
+    pub fn block_index(&self) -> Option<usize> {
+        self.region.block_size().map(|block| self.offset / block)
+    }
+
+    /// The first [`size`](Self::size) bytes, for host memory (`None` for device memory).
     pub fn as_slice(&self) -> Option<&[u8]> {
-        if !self.segment.device.is_host() {
-            return None;
-        }
-        // SAFETY: host memory valid for reads of `len` bytes (MemoryBuffer's
-        // contract); no transfer touches it while the caller holds the descriptor,
-        // because operations own the descriptors they transfer.
-        Some(unsafe { std::slice::from_raw_parts(self.ptr, self.segment.len) })
+        self.host_bytes(self.size)
     }
 
-    /// The bytes, mutably, for writable host memory.
+    /// The first [`size`](Self::size) bytes, mutably, for writable host memory.
     pub fn as_mut_slice(&mut self) -> Option<&mut [u8]> {
-        if !self.segment.device.is_host() || !self.writable {
-            return None;
-        }
-        // SAFETY: as in `as_slice`, plus the buffer permits writes through `ptr`
-        // and `&mut self` makes this the only reference.
-        Some(unsafe { std::slice::from_raw_parts_mut(self.ptr, self.segment.len) })
+        self.host_bytes_mut(self.size)
     }
 
-    /// Deregisters (if registered) and returns the buffer, if it is a `B`;
-    /// otherwise gives the descriptor back unchanged.
+    /// All [`capacity`](Self::capacity) bytes of the view, for host memory.
+    pub fn as_full_slice(&self) -> Option<&[u8]> {
+        self.host_bytes(self.capacity)
+    }
+
+    /// All [`capacity`](Self::capacity) bytes of the view, mutably, for
+    /// writable host memory.
+    pub fn as_full_mut_slice(&mut self) -> Option<&mut [u8]> {
+        self.host_bytes_mut(self.capacity)
+    }
+
+    fn host_bytes(&self, len: usize) -> Option<&[u8]> {
+        if !self.device().is_host() {
+            return None;
+        }
+        // SAFETY: host memory valid for reads of the whole buffer
+        // (MemoryBuffer's contract), of which `[offset, offset + len)` is in
+        // bounds (`len <= capacity`). No other live view overlaps it (V1),
+        // and no transfer touches it while the caller holds this view,
+        // because operations own the views they move (V2).
+        Some(unsafe { std::slice::from_raw_parts(self.region.base().add(self.offset), len) })
+    }
+
+    fn host_bytes_mut(&mut self, len: usize) -> Option<&mut [u8]> {
+        if !self.device().is_host() || !self.is_writable() {
+            return None;
+        }
+        // SAFETY: as in `host_bytes`, plus the buffer permits writes through
+        // its base pointer, and `&mut self` makes this the only reference to
+        // the view's bytes (no other view overlaps them).
+        Some(unsafe { std::slice::from_raw_parts_mut(self.region.base().add(self.offset), len) })
+    }
+
+    /// Splits the view in two at `at`: returns `[0, at)` and keeps
+    /// `[at, capacity)`. Both halves move their whole capacity afterwards.
+    /// [`Error::InvalidDescriptor`] unless `0 < at < capacity()`, and, for a
+    /// block pool's view, `at` falls on a block boundary.
+    pub fn split_to(&mut self, at: usize) -> Result<Descriptor> {
+        self.check_split(at)?;
+        let head = Descriptor::view(Arc::clone(&self.region), self.offset, at);
+        self.offset += at;
+        self.capacity -= at;
+        self.size = self.capacity;
+        Ok(head)
+    }
+
+    /// Splits the view in two at `at`: returns `[at, capacity)` and keeps
+    /// `[0, at)`. The rules are [`split_to`](Self::split_to)'s.
+    pub fn split_off(&mut self, at: usize) -> Result<Descriptor> {
+        self.check_split(at)?;
+        let tail = Descriptor::view(
+            Arc::clone(&self.region),
+            self.offset + at,
+            self.capacity - at,
+        );
+        self.capacity = at;
+        self.size = at;
+        Ok(tail)
+    }
+
+    fn check_split(&self, at: usize) -> Result<()> {
+        if at == 0 || at >= self.capacity {
+            return Err(Error::InvalidDescriptor(format!(
+                "cannot split a view of {} bytes at {at} (0 < at < capacity)",
+                self.capacity
+            )));
+        }
+        if let Some(block) = self.region.block_size()
+            && !at.is_multiple_of(block)
+        {
+            return Err(Error::InvalidDescriptor(format!(
+                "a block pool's view splits at block boundaries only: {at} is not a multiple of {block}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Joins `other` onto the end of this view, without copying: `other` must
+    /// be a view of the same buffer starting where this one ends, as a
+    /// [`split_off`](Self::split_off) leaves them. Otherwise `other` comes
+    /// back. Afterwards the view moves its whole capacity.
+    pub fn unsplit(&mut self, mut other: Descriptor) -> Result<(), Descriptor> {
+        if !Arc::ptr_eq(&self.region, &other.region) || other.offset != self.offset + self.capacity
+        {
+            return Err(other);
+        }
+        self.capacity += other.capacity;
+        self.size = self.capacity;
+        // Its range is now this view's: its drop gives nothing back.
+        other.capacity = 0;
+        Ok(())
+    }
+
+    /// Deregisters (if registered) and returns the buffer, if it is a `B` and
+    /// this descriptor is its only view, covering all of it (not a view of a
+    /// pool, nor one half of a split); otherwise gives the descriptor back
+    /// unchanged.
     ///
     /// ```
     /// # use descriptor_core::Descriptor;
@@ -253,27 +316,12 @@ impl Descriptor {
     /// # Ok::<(), descriptor_core::Error>(())
     /// ```
     pub fn into_buffer<B: MemoryBuffer>(mut self) -> Result<B, Descriptor> {
-        let is_b = self
-            .buffer
-            .as_deref()
-            .is_some_and(|b| (b as &dyn Any).is::<B>());
-        if !is_b {
+        if self.offset != 0 || self.capacity != self.region.whole().len {
             return Err(self);
         }
-        if let Some(registration) = &self.registration {
-            if !registration.deregister() {
-                // Still registered: the descriptor comes back, and leaks its
-                // memory when dropped unless deregistration works then.
-                return Err(self);
-            }
-            self.registration = None;
-        }
-        let buffer: Option<Box<dyn Any>> = self.buffer.take().map(|b| b as Box<dyn Any>);
-        match buffer.map(|b| b.downcast::<B>()) {
-            Some(Ok(b)) => Ok(*b),
-            // `is::<B>()` was checked above.
-            _ => unreachable!("type checked before downcast"),
-        }
+        // On success the view keeps the emptied region, and dropping it
+        // frees only the region's own allocation.
+        Region::take_buffer::<B>(&mut self.region).ok_or(self)
     }
 
     /// [`into_buffer`](Self::into_buffer) for a `Vec<T>`.
@@ -281,19 +329,26 @@ impl Descriptor {
         self.into_buffer::<Vec<T>>()
     }
 
-    pub(crate) fn segment(&self) -> &Segment {
-        &self.segment
+    /// The bytes a transfer moves, as a backend sees them.
+    pub(crate) fn segment(&self) -> Segment {
+        Segment {
+            addr: self.ptr(),
+            len: self.size,
+            device: self.device(),
+        }
     }
 
-    pub(crate) fn region(&self) -> Option<RegionId> {
-        self.registration.as_ref().map(|r| r.region)
+    /// Registers the view's region with `connector` (once) and returns its
+    /// handle: what an operation does with each descriptor it takes.
+    pub(crate) fn register_view(&mut self, connector: &Connector) -> Result<RegionId> {
+        self.region.register(connector)
     }
 
     pub(crate) fn serialized(&self) -> SerializedDescriptor {
         SerializedDescriptor {
-            device: self.segment.device,
-            ptr: self.segment.addr as u64,
-            size: self.segment.len as u64,
+            device: self.device(),
+            ptr: self.ptr() as u64,
+            size: self.size as u64,
         }
     }
 }
@@ -301,14 +356,12 @@ impl Descriptor {
 impl fmt::Debug for Descriptor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Descriptor")
-            .field("device", &self.segment.device)
-            .field("ptr", &format_args!("{:#x}", self.segment.addr))
-            .field("size", &self.segment.len)
-            .field("writable", &self.writable)
-            .field(
-                "registered_with",
-                &self.registration.as_ref().map(|r| &*r.connector_name),
-            )
+            .field("device", &self.device())
+            .field("ptr", &format_args!("{:#x}", self.ptr()))
+            .field("size", &self.size)
+            .field("capacity", &self.capacity)
+            .field("writable", &self.is_writable())
+            .field("registered_with", &self.region.registered_with())
             .finish()
     }
 }
@@ -409,5 +462,92 @@ mod tests {
         assert!(d.as_slice().is_none());
         drop(d);
         drop(owner);
+    }
+
+    #[test]
+    fn split_views_partition_the_buffer_and_unsplit_joins_them_back() {
+        let mut whole =
+            Descriptor::new((0..=255u8).cycle().take(4096).collect::<Vec<u8>>()).unwrap();
+        let base = whole.ptr();
+        let head = whole.split_to(1000).unwrap();
+        let tail = whole.split_off(2000).unwrap();
+        // [0, 1000), [1000, 3000), [3000, 4096): disjoint, in order, no copy.
+        let views = [&head, &whole, &tail];
+        let spans: Vec<(usize, usize)> = views
+            .iter()
+            .map(|v| (v.ptr() - base, v.capacity()))
+            .collect();
+        assert_eq!(spans, [(0, 1000), (1000, 2000), (3000, 1096)]);
+        assert_eq!(tail.as_slice().unwrap()[0], (3000 % 256) as u8);
+        assert!(views.iter().all(|v| v.size() == v.capacity()));
+        // Only a neighbour of the same buffer joins, and only at its end.
+        let stranger = Descriptor::new(vec![0u8; 16]).unwrap();
+        let mut head = head;
+        let stranger = head.unsplit(stranger).unwrap_err();
+        let tail = head.unsplit(tail).unwrap_err();
+        head.unsplit(whole).unwrap();
+        head.unsplit(tail).unwrap();
+        assert_eq!(
+            (head.ptr(), head.capacity(), head.size()),
+            (base, 4096, 4096)
+        );
+        // Whole again, and the only view: the buffer comes back.
+        let bytes = head.into_vec::<u8>().unwrap();
+        assert_eq!(bytes, (0..=255u8).cycle().take(4096).collect::<Vec<u8>>());
+        drop(stranger);
+    }
+
+    #[test]
+    fn a_split_view_does_not_give_its_buffer_back_while_another_lives() {
+        let mut d = Descriptor::new(vec![1u8; 64]).unwrap();
+        let tail = d.split_off(32).unwrap();
+        let d = d.into_vec::<u8>().unwrap_err();
+        drop(tail);
+        // Alone, but covering half: still not the whole buffer.
+        let d = d.into_vec::<u8>().unwrap_err();
+        assert_eq!(d.capacity(), 32);
+    }
+
+    #[test]
+    fn splits_outside_the_view_are_refused() {
+        let mut d = Descriptor::new(vec![0u8; 8]).unwrap();
+        for at in [0, 8, 9, usize::MAX] {
+            assert!(
+                matches!(d.split_to(at), Err(Error::InvalidDescriptor(_))),
+                "{at}"
+            );
+            assert!(
+                matches!(d.split_off(at), Err(Error::InvalidDescriptor(_))),
+                "{at}"
+            );
+        }
+        assert_eq!(d.capacity(), 8);
+    }
+
+    #[test]
+    fn a_partial_length_limits_the_slice_and_the_metadata_not_the_view() {
+        let mut d = Descriptor::new(vec![5u8; 100]).unwrap();
+        for bad in [0, 101] {
+            assert!(
+                matches!(d.set_size(bad), Err(Error::InvalidDescriptor(m)) if m.contains("1..=100"))
+            );
+        }
+        d.set_size(10).unwrap();
+        assert_eq!((d.size(), d.capacity()), (10, 100));
+        assert_eq!(d.as_slice().unwrap().len(), 10);
+        assert_eq!(d.as_full_slice().unwrap().len(), 100);
+        assert_eq!(d.as_mut_slice().unwrap().len(), 10);
+        assert_eq!(d.as_full_mut_slice().unwrap().len(), 100);
+        assert_eq!((d.serialized().size, d.segment().len), (10, 10));
+        d.reset_size();
+        assert_eq!(d.size(), 100);
+        d.set_size(1).unwrap();
+        // A split resets both halves to their capacity.
+        let tail = d.split_off(40).unwrap();
+        assert_eq!((d.size(), tail.size()), (40, 60));
+        // Taking the buffer back gives all of it.
+        d.unsplit(tail).unwrap();
+        d.set_size(3).unwrap();
+        assert_eq!(d.into_vec::<u8>().unwrap().len(), 100);
     }
 }

@@ -107,6 +107,20 @@ pub enum Error {
         remote: usize,
     },
 
+    /// A local descriptor cannot hold what its remote partner holds
+    /// ([`Connector::begin_read_fit`](crate::Connector::begin_read_fit)).
+    #[error(
+        "descriptor {index}: the remote descriptor's {remote} bytes do not fit the local descriptor's capacity of {capacity} bytes"
+    )]
+    CapacityTooSmall {
+        /// Position in both lists.
+        index: usize,
+        /// The local descriptor's capacity in bytes.
+        capacity: usize,
+        /// The remote descriptor's size in bytes.
+        remote: usize,
+    },
+
     /// One side mixes device kinds (e.g. host and CUDA memory).
     #[error("{side} descriptor {index} is {found} memory but descriptor 0 is {expected} memory")]
     MixedDevices {

@@ -162,6 +162,7 @@ struct HeldRequest {
     op: OperationKind,
     peer: String,
     local: Vec<Segment>,
+    local_regions: Vec<RegionId>,
     remote: Vec<Segment>,
     notification: Vec<u8>,
     notify: bool,
@@ -364,6 +365,7 @@ impl<B: RegistrationBackend> Shared<B> {
             op: held.op,
             peer: &held.peer,
             local: &held.local,
+            local_regions: &held.local_regions,
             remote: &held.remote,
             notification: &held.notification,
             notify: held.notify,
@@ -406,7 +408,7 @@ impl<B: RegistrationBackend> RegistrationBackend for Faulty<B> {
 
     unsafe fn expose(
         &self,
-        regions: &[RegionId],
+        ranges: &[crate::Exposed],
         access: OperationKind,
         key: &[u8],
     ) -> Result<Exposure> {
@@ -414,7 +416,7 @@ impl<B: RegistrationBackend> RegistrationBackend for Faulty<B> {
             return Err(vanished());
         }
         // SAFETY: our caller's contract is the inner backend's.
-        let exposure = unsafe { self.shared.inner.expose(regions, access, key) }?;
+        let exposure = unsafe { self.shared.inner.expose(ranges, access, key) }?;
         lock(&self.shared.state).exposures.insert(exposure.id);
         Ok(exposure)
     }
@@ -486,6 +488,7 @@ impl<B: RegistrationBackend> RegistrationBackend for Faulty<B> {
             op: request.op,
             peer: request.peer.to_owned(),
             local: request.local.to_vec(),
+            local_regions: request.local_regions.to_vec(),
             remote: request.remote.to_vec(),
             notification: request.notification.to_vec(),
             notify: request.notify,

@@ -57,7 +57,9 @@ mod engine;
 mod error;
 mod metadata;
 mod operation;
+mod pool;
 mod probe;
+mod region;
 mod remote;
 mod sync;
 #[cfg(any(test, feature = "testing"))]
@@ -72,8 +74,8 @@ pub mod conformance;
 pub mod faults;
 
 pub use backend::{
-    EventHook, Exposure, ExposureId, Notification, Posted, RegionId, RegistrationBackend, Release,
-    Segment, TransferId, TransferRequest, TransferState,
+    EventHook, Exposed, Exposure, ExposureId, Notification, Posted, RegionId, RegistrationBackend,
+    Release, Segment, TransferId, TransferRequest, TransferState,
 };
 pub use buffer::{MemoryBuffer, RawMemory};
 pub use connector::{Connector, ConnectorBuilder};
@@ -89,5 +91,6 @@ pub use operation::{
     Completion, OperationFuture, OperationStatus, ReadOperation, ReadableOperation,
     WritableOperation, WriteOperation,
 };
+pub use pool::{BlockPool, RegisteredMemory};
 pub use probe::{DeviceInfo, DeviceProbe};
 pub use remote::DEFAULT_MAX_IDLE_PEERS;

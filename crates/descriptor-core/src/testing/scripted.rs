@@ -73,6 +73,11 @@ pub(crate) struct Scripted {
     pub(crate) assist: Mutex<std::time::Duration>,
     /// Calls to `awaiting_end`.
     pub(crate) watched: AtomicUsize,
+    /// Successful calls to `register` and `deregister`.
+    pub(crate) registered: AtomicUsize,
+    pub(crate) deregistered: AtomicUsize,
+    /// Whether `deregister` fails.
+    pub(crate) deregister_fails: AtomicBool,
     /// When set, `release` blocks until this receives (or its sender is
     /// dropped): a settle caught in the middle.
     #[cfg(not(loom))]
@@ -98,6 +103,9 @@ impl Scripted {
             polls_before_done: AtomicUsize::new(0),
             assist: Mutex::new(std::time::Duration::ZERO),
             watched: AtomicUsize::new(0),
+            registered: AtomicUsize::new(0),
+            deregistered: AtomicUsize::new(0),
+            deregister_fails: AtomicBool::new(false),
             #[cfg(not(loom))]
             release_gate: Mutex::new(None),
         }
@@ -199,16 +207,21 @@ impl RegistrationBackend for Scripted {
     }
 
     unsafe fn register(&self, _region: &Segment, _writable: bool) -> Result<RegionId> {
+        self.registered.fetch_add(1, Ordering::SeqCst);
         Ok(RegionId(self.id()))
     }
 
     fn deregister(&self, _region: RegionId) -> Result<()> {
+        if self.deregister_fails.load(Ordering::SeqCst) {
+            return Err(Error::backend("scripted", "deregister", "refused"));
+        }
+        self.deregistered.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
 
     unsafe fn expose(
         &self,
-        _regions: &[RegionId],
+        _ranges: &[crate::Exposed],
         _access: OperationKind,
         _key: &[u8],
     ) -> Result<Exposure> {
