@@ -268,25 +268,30 @@ impl Job<'_> {
                 self.peer.name
             ));
         };
-        for (local, remote) in self.request.local.iter().zip(self.request.remote) {
+        // Neighbouring pairs go as one copy: every pair was checked on its
+        // own (`plan`), so a run of them covers exactly their bytes, which
+        // lie in checked ranges whatever registrations they are in.
+        for run in self.request.runs(|_, _| true) {
             let (src, dst) = match self.request.op {
-                OperationKind::Read => (remote.addr, local.addr),
-                OperationKind::Write => (local.addr, remote.addr),
+                OperationKind::Read => (run.remote.addr, run.local.addr),
+                OperationKind::Write => (run.local.addr, run.remote.addr),
             };
-            // SAFETY: the remote range lies inside a region the peer registered
-            // (valid, and writable if exposed for WRITE: `expose` refuses read-only
-            // regions) and exposed for the operation whose key this transfer
-            // carries; the grant's read lock (`live`) keeps the exposure live, and
-            // the peer frees that memory only after revoking it. The local range
-            // lies inside a region registered with this agent, valid (and
-            // writable when READ into) until `release` returns `LetGo` for the
-            // transfer (`post`'s contract), which cannot happen before `post`,
-            // which runs this copy, has returned. `copy` tolerates overlap.
+            // SAFETY: the run's remote bytes are those of its pairs, each
+            // inside a region the peer registered (valid, and writable if
+            // exposed for WRITE: `expose` refuses read-only regions) and
+            // exposed for the operation whose key this transfer carries; the
+            // grant's read lock (`live`) keeps the exposure live, and the
+            // peer frees that memory only after revoking it. Its local bytes
+            // are its pairs', each inside the region registered with this
+            // agent that the request names, valid (and writable when READ
+            // into) until `release` returns `LetGo` for the transfer
+            // (`post`'s contract), which cannot happen before `post`, which
+            // runs this copy, has returned. `copy` tolerates overlap.
             unsafe {
                 std::ptr::copy(
                     std::ptr::with_exposed_provenance::<u8>(src),
                     std::ptr::with_exposed_provenance_mut::<u8>(dst),
-                    local.len,
+                    run.local.len,
                 );
             }
         }

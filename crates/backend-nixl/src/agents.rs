@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use descriptor_core::{Device, DeviceKind, Error, Result, Segment, Side};
+use descriptor_core::{Device, DeviceKind, Error, Result, Segment, Side, TransferRequest};
 use nixl_sys::{
     Agent, MemType, MemoryRegion, NixlDescriptor, NixlError, RegistrationHandle, XferDescList,
     XferOp, XferStatus,
@@ -21,7 +21,7 @@ use nixl_sys::{
 
 use crate::agent_metadata::{self, AgentMetadata};
 use crate::backend::NixlBackend;
-use crate::peers::Plan;
+use crate::peers::{Plan, Spans};
 use crate::route::{self, LoadOutcome, Notifier, NotifierLoad, Poster};
 use crate::tuning::Notifications;
 
@@ -183,17 +183,34 @@ pub(crate) fn mem_of(device: Device) -> Result<(MemType, u64)> {
     }
 }
 
-pub(crate) fn xfer_list(segments: &[Segment], side: Side) -> Result<XferDescList<'static>> {
-    let first = segments
-        .first()
-        .ok_or(Error::EmptyDescriptorList { side })?;
-    let (mem, _) = mem_of(first.device)?;
-    let mut list = XferDescList::new(mem).map_err(|e| nixl_error("create a transfer list", e))?;
-    for s in segments {
-        let (_, device) = mem_of(s.device)?;
-        list.add_desc(s.addr, s.len, device);
+/// The local and remote transfer lists of `request`, one descriptor per run
+/// of neighbouring pairs ([`TransferRequest::runs`]): local runs within one
+/// registration (the request names it), remote runs within one of the
+/// peer's registrations as `spans` records them (none merge without).
+pub(crate) fn run_lists(
+    request: &TransferRequest<'_>,
+    spans: Option<&Spans>,
+) -> Result<(XferDescList<'static>, XferDescList<'static>)> {
+    let first = |segments: &[Segment], side| {
+        segments
+            .first()
+            .ok_or(Error::EmptyDescriptorList { side })
+            .and_then(|s| mem_of(s.device))
+            .and_then(|(mem, _)| {
+                XferDescList::new(mem).map_err(|e| nixl_error("create a transfer list", e))
+            })
+    };
+    let mut local = first(request.local, Side::Local)?;
+    let mut remote = first(request.remote, Side::Remote)?;
+    for run in request.runs(|a, b| spans.is_some_and(|s| s.hold_together(a, b))) {
+        local.add_desc(run.local.addr, run.local.len, mem_of(run.local.device)?.1);
+        remote.add_desc(
+            run.remote.addr,
+            run.remote.len,
+            mem_of(run.remote.device)?.1,
+        );
     }
-    Ok(list)
+    Ok((local, remote))
 }
 
 pub(crate) fn malformed(error: agent_metadata::Malformed) -> Error {

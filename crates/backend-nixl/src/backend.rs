@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use descriptor_core::{
     Error, EventHook, Exposed, Exposure, ExposureId, Notification, OperationKind, Posted, RegionId,
-    RegistrationBackend, Release, Result, Segment, SharedCause, Side, TransferId, TransferRequest,
+    RegistrationBackend, Release, Result, Segment, SharedCause, TransferId, TransferRequest,
     TransferState,
 };
 use nixl_sys::{Agent, NixlError, OptArgs, XferOp};
 
 use crate::agent_metadata::AgentMetadata;
-use crate::agents::{NAME, Range, Region, lock, malformed, mem_of, nixl_error, xfer_list};
+use crate::agents::{NAME, Range, Region, lock, malformed, mem_of, nixl_error, run_lists};
 use crate::peers::Peers;
 use crate::route::{self, Route};
 use crate::scope::MetadataScope;
@@ -225,10 +225,16 @@ impl RegistrationBackend for NixlBackend {
                 request.peer
             )
         };
-        let local = xfer_list(request.local, Side::Local)?;
-        let remote = xfer_list(request.remote, Side::Remote)?;
+        let (nixl_peer, spans) = {
+            let peers = lock(&self.peers);
+            let name = peers.nixl_name(request.peer).unwrap_or(request.peer);
+            (name.to_owned(), peers.spans(request.peer))
+        };
+        // Neighbouring pairs go as one descriptor: NIXL's `create_xfer_req`
+        // does not merge them, and a request's cost grows with its
+        // descriptors (docs/decisions/0011-registered-memory-and-views.md).
+        let (local, remote) = run_lists(request, spans.as_deref())?;
         let mut args = OptArgs::new().map_err(|e| nixl_error(context(), e))?;
-        let nixl_peer = self.nixl_name(request.peer);
         // Which agent posts, and how the notification travels: `route::plan`.
         let agents = &self.live.agents;
         let notifier = agents.notifiers.get(&nixl_peer);

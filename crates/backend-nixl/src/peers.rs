@@ -24,6 +24,9 @@
 //! notification names its sender, not its receiver.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use descriptor_core::{DeviceKind, Segment};
 
 use crate::agent_metadata::{AgentMetadata, Conn, RegionKey};
 
@@ -50,6 +53,78 @@ struct Peer {
     stale: Vec<String>,
     conns: Vec<Conn>,
     regions: BTreeMap<RegionKey, Vec<u8>>,
+    /// Where `regions` lie, for merging a transfer's pairs.
+    spans: Arc<Spans>,
+}
+
+impl Peer {
+    /// `regions` changed: index them again.
+    fn reindex(&mut self) {
+        self.spans = Arc::new(Spans::new(self.regions.keys()));
+    }
+}
+
+/// Where a peer's registrations lie, by NIXL memory type and device: tells
+/// whether two ranges of a transfer lie in one registration, so that they
+/// may go to NIXL as one descriptor (a descriptor across two is refused).
+#[derive(Debug, Default)]
+pub(crate) struct Spans {
+    kinds: Vec<(MemKind, Reach)>,
+}
+
+/// NIXL's memory type and device id.
+type MemKind = (u32, u64);
+
+/// Registrations' starts, sorted, each with the furthest end of the
+/// registrations starting at or before it.
+type Reach = Vec<(u64, u64)>;
+
+impl Spans {
+    fn new<'a>(regions: impl Iterator<Item = &'a RegionKey>) -> Spans {
+        let mut by_kind: BTreeMap<MemKind, Reach> = BTreeMap::new();
+        for key in regions {
+            by_kind
+                .entry((key.mem, key.dev))
+                .or_default()
+                .push((key.addr, key.addr.saturating_add(key.len)));
+        }
+        let kinds = by_kind
+            .into_iter()
+            .map(|(kind, mut spans)| {
+                spans.sort_unstable();
+                let mut furthest = 0;
+                for span in &mut spans {
+                    furthest = furthest.max(span.1);
+                    span.1 = furthest;
+                }
+                (kind, spans)
+            })
+            .collect();
+        Spans { kinds }
+    }
+
+    /// Whether `a` and `b`, with `a` before `b` on one device, lie in one
+    /// registration: one that starts at or before `a` and ends at or past
+    /// `b`'s end. (Registrations of one agent do not overlap in practice;
+    /// where they do, one reaching from `a` to past `b` still holds both.)
+    pub(crate) fn hold_together(&self, a: &Segment, b: &Segment) -> bool {
+        let kind = match a.device.kind() {
+            DeviceKind::Host => (0, 0),
+            DeviceKind::Cuda | DeviceKind::Xpu => (1, u64::from(a.device.ordinal())),
+            _ => return false,
+        };
+        let (Ok(start), Some(end)) = (
+            u64::try_from(a.addr),
+            b.end().and_then(|e| u64::try_from(e).ok()),
+        ) else {
+            return false;
+        };
+        let Some((_, spans)) = self.kinds.iter().find(|(k, _)| *k == kind) else {
+            return false;
+        };
+        let before = spans.partition_point(|&(s, _)| s <= start);
+        before.checked_sub(1).is_some_and(|i| spans[i].1 >= end)
+    }
 }
 
 /// How to load a peer's blob.
@@ -81,6 +156,14 @@ impl Peers {
     /// The name NIXL knows `peer` by.
     pub(crate) fn nixl_name(&self, peer: &str) -> Option<&str> {
         self.peers.get(peer).map(|p| p.nixl_name.as_str())
+    }
+
+    /// Where `peer`'s registrations lie, as NIXL holds them.
+    pub(crate) fn spans(&self, peer: &str) -> Option<Arc<Spans>> {
+        self.peers
+            .get(peer)
+            .filter(|p| p.loaded)
+            .map(|p| Arc::clone(&p.spans))
     }
 
     /// How to load `md`. `own` are this backend's agents' names: a blob
@@ -155,6 +238,7 @@ impl Peers {
             stale: Vec::new(),
             conns: Vec::new(),
             regions: BTreeMap::new(),
+            spans: Arc::default(),
         });
         peer.loaded = true;
         for conn in &md.conns {
@@ -164,6 +248,7 @@ impl Peers {
         }
         peer.regions
             .extend(md.regions().map(|(key, bytes)| (key, bytes.to_vec())));
+        peer.reindex();
     }
 
     /// NIXL took `md`, all the peer's metadata, under `nixl_name`
@@ -175,6 +260,7 @@ impl Peers {
             peer.stale.push(old);
             peer.conns = md.conns.clone();
             peer.regions = md.regions().map(|(k, v)| (k, v.to_vec())).collect();
+            peer.reindex();
             peer.loaded = true;
         }
     }
@@ -202,6 +288,7 @@ impl Peers {
         p.loaded = false;
         p.conns.clear();
         p.regions.clear();
+        p.reindex();
         let fresh = self.fresh_name(peer, own);
         if let Some(p) = self.peers.get_mut(peer) {
             p.nixl_name = fresh;

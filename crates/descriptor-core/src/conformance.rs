@@ -1829,6 +1829,9 @@ macro_rules! __conformance_checks {
                 a_dropped_pool_with_views_in_flight {
                     holds: |h, p| $crate::conformance::a_dropped_pool_with_views_in_flight(h);
                 }
+                merged_runs_move_the_bytes_of_their_descriptors {
+                    holds: |h, p| $crate::conformance::merged_runs_move_the_bytes_of_their_descriptors(h);
+                }
                 pool_to_pool_after_the_peer_is_unloaded_and_reloaded {
                     holds: |h, p| $crate::conformance::pool_to_pool_after_the_peer_is_unloaded_and_reloaded(h);
                 }

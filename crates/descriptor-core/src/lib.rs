@@ -61,6 +61,7 @@ mod pool;
 mod probe;
 mod region;
 mod remote;
+mod runs;
 mod sync;
 #[cfg(any(test, feature = "testing"))]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
@@ -94,3 +95,4 @@ pub use operation::{
 pub use pool::{BlockPool, RegisteredMemory};
 pub use probe::{DeviceInfo, DeviceProbe};
 pub use remote::DEFAULT_MAX_IDLE_PEERS;
+pub use runs::{Run, Runs};

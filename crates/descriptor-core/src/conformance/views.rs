@@ -600,3 +600,157 @@ pub fn pool_to_pool_after_the_peer_is_unloaded_and_reloaded(h: &dyn Harness) {
         assert_eq!(client.idle_remote_agent_count(), 0);
     }
 }
+
+/// Two descriptors registered separately over the two halves of one
+/// allocation of `2 * len` bytes (so one ends where the other begins), each
+/// filled with `fill`.
+fn adjacent_registrations(len: usize, fill: u8) -> [Descriptor; 2] {
+    let mut memory = vec![fill; 2 * len].into_boxed_slice();
+    let base = memory.as_mut_ptr();
+    let owner: Arc<Box<[u8]>> = Arc::new(memory);
+    [0, len].map(|offset| {
+        let keep: Box<dyn std::any::Any + Send + Sync> = Box::new(Arc::clone(&owner));
+        // SAFETY: `[base + offset, base + offset + len)` is half of the
+        // boxed slice `owner` holds, which each descriptor keeps alive; the
+        // two halves do not overlap, and nothing else reaches the slice.
+        unsafe {
+            Descriptor::from_raw_parts(base.add(offset), len, crate::Device::HOST, Some(keep))
+                .unwrap()
+        }
+    })
+}
+
+/// Random sets of blocks, some in contiguous runs on both sides and some
+/// scattered, READ and WRITTEN between two pools, and pairs that are
+/// adjacent in memory but registered separately (on each side): every
+/// block holds exactly its partner's bytes, whatever a backend merged, and
+/// nothing around them moved.
+pub fn merged_runs_move_the_bytes_of_their_descriptors(h: &dyn Harness) {
+    const BLOCKS: usize = 32;
+    let server = connector(h, "runs-server");
+    let client = connector(h, "runs-client");
+    let (server_pool, client_pool) = (canary_pool(&server, BLOCKS), canary_pool(&client, BLOCKS));
+    let mut rng = 0x5eed_u64;
+    let mut next = move |n: usize| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng % n as u64) as usize
+    };
+    for round in 0..24u64 {
+        let op = if round % 2 == 0 {
+            OperationKind::Read
+        } else {
+            OperationKind::Write
+        };
+        let count = 1 + next(12);
+        // Even rounds of four: one run at the same place on both sides;
+        // otherwise random blocks, or a run on one side only.
+        let pick = |next: &mut dyn FnMut(usize) -> usize, run: bool| -> Vec<usize> {
+            if run {
+                let start = next(BLOCKS - count + 1);
+                (start..start + count).collect()
+            } else {
+                let mut all: Vec<usize> = (0..BLOCKS).collect();
+                for i in 0..count {
+                    all.swap(i, i + next(BLOCKS - i));
+                }
+                all.truncate(count);
+                all
+            }
+        };
+        let server_blocks = pick(&mut next, round % 4 < 2);
+        let client_blocks = pick(&mut next, round % 4 != 3);
+        let mut server_views = server_pool.checkout_blocks(&server_blocks).unwrap();
+        let mut client_views = client_pool.checkout_blocks(&client_blocks).unwrap();
+        let seed = 2000 + round * 100;
+        let what = format!("round {round} ({op:?}, {server_blocks:?} <-> {client_blocks:?})");
+        let (sent, received) = match op {
+            OperationKind::Read => {
+                fill(&mut server_views, seed);
+                let readable = server.create_readable(server_views).unwrap();
+                let read = client
+                    .begin_read(readable.metadata(), client_views)
+                    .unwrap();
+                read.wait_timeout(WAIT).unwrap();
+                readable.wait_timeout(WAIT).unwrap();
+                (
+                    readable.into_descriptors().unwrap(),
+                    read.into_descriptors().unwrap(),
+                )
+            }
+            OperationKind::Write => {
+                fill(&mut client_views, seed);
+                let writable = server.create_writable(server_views).unwrap();
+                let write = client
+                    .begin_write(client_views, writable.metadata())
+                    .unwrap();
+                write.wait_timeout(WAIT).unwrap();
+                writable.wait_timeout(WAIT).unwrap();
+                (
+                    write.into_descriptors().unwrap(),
+                    writable.into_descriptors().unwrap(),
+                )
+            }
+        };
+        assert_filled(&received, seed, &what);
+        assert_filled(&sent, seed, &what);
+        // Every block not moved kept its canary, on both sides.
+        drop((sent, received));
+        for (pool, side) in [(&server_pool, "server"), (&client_pool, "client")] {
+            let all = pool.checkout_run(BLOCKS).unwrap();
+            let moved = if std::ptr::eq(pool, &server_pool) {
+                &server_blocks
+            } else {
+                &client_blocks
+            };
+            for (b, bytes) in all.as_slice().unwrap().chunks(BLOCK).enumerate() {
+                if !moved.contains(&b) {
+                    assert!(
+                        bytes.iter().all(|&x| x == CANARY),
+                        "{what}: {side} block {b} was written"
+                    );
+                }
+            }
+            // The next round starts from canaries again.
+            let mut all = all;
+            all.as_mut_slice().unwrap().fill(CANARY);
+        }
+    }
+    // Adjacent in memory, registered apart, on both sides: never one run.
+    for op in [OperationKind::Read, OperationKind::Write] {
+        let mut server_views = Vec::from(adjacent_registrations(BLOCK, CANARY));
+        let mut client_views = Vec::from(adjacent_registrations(BLOCK, CANARY));
+        let what = format!("adjacent registrations, {op:?}");
+        let (sent, received) = match op {
+            OperationKind::Read => {
+                fill(&mut server_views, 3000);
+                let readable = server.create_readable(server_views).unwrap();
+                let read = client
+                    .begin_read(readable.metadata(), client_views)
+                    .unwrap();
+                read.wait_timeout(WAIT).unwrap();
+                readable.wait_timeout(WAIT).unwrap();
+                (
+                    readable.into_descriptors().unwrap(),
+                    read.into_descriptors().unwrap(),
+                )
+            }
+            OperationKind::Write => {
+                fill(&mut client_views, 3000);
+                let writable = server.create_writable(server_views).unwrap();
+                let write = client
+                    .begin_write(client_views, writable.metadata())
+                    .unwrap();
+                write.wait_timeout(WAIT).unwrap();
+                writable.wait_timeout(WAIT).unwrap();
+                (
+                    write.into_descriptors().unwrap(),
+                    writable.into_descriptors().unwrap(),
+                )
+            }
+        };
+        assert_filled(&received, 3000, &what);
+        assert_filled(&sent, 3000, &what);
+    }
+}
