@@ -463,4 +463,39 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn spans_tell_whether_two_ranges_lie_in_one_registration() {
+        use descriptor_core::Device;
+        let key = |mem: u32, addr: u64, len: u64, dev: u64| RegionKey {
+            backend: "UCX".into(),
+            mem,
+            addr,
+            len,
+            dev,
+        };
+        let keys = [
+            key(0, 0x1000, 0x1000, 0),
+            key(0, 0x2000, 0x1000, 0),
+            key(0, 0x8000, 0x4000, 0),
+            key(1, 0x1000, 0x4000, 1),
+        ];
+        let spans = Spans::new(keys.iter());
+        let seg = |addr: usize, len: usize, device: Device| Segment { addr, len, device };
+        let host = |addr, len| seg(addr, len, Device::HOST);
+        // In one registration.
+        assert!(spans.hold_together(&host(0x1000, 0x800), &host(0x1800, 0x800)));
+        assert!(spans.hold_together(&host(0x8000, 0x100), &host(0xbf00, 0x100)));
+        // Adjacent registrations, past the end, outside every one.
+        assert!(!spans.hold_together(&host(0x1800, 0x800), &host(0x2000, 0x800)));
+        assert!(!spans.hold_together(&host(0xb000, 0x1000), &host(0xc000, 0x10)));
+        assert!(!spans.hold_together(&host(0x4000, 0x10), &host(0x4010, 0x10)));
+        // Another device's registration does not hold host ranges, nor the
+        // other way round; its own device's ranges it does.
+        let cuda = |ordinal, addr, len| seg(addr, len, Device::cuda(ordinal));
+        assert!(spans.hold_together(&cuda(1, 0x1000, 0x800), &cuda(1, 0x1800, 0x3800)));
+        assert!(!spans.hold_together(&cuda(0, 0x1000, 0x800), &cuda(0, 0x1800, 0x800)));
+        assert!(!spans.hold_together(&host(0x3000, 0x800), &host(0x3800, 0x800)));
+        assert!(!Spans::default().hold_together(&host(0x1000, 1), &host(0x1001, 1)));
+    }
 }
