@@ -1,14 +1,51 @@
 //! Dynamo's `nixl_connect` API for Rust: register memory, describe it to a peer,
 //! and let the peer READ or WRITE it, over a pluggable transport.
 //!
-//! - [`Descriptor`]: one region of memory on one [`Device`], owning its buffer.
+//! - [`Descriptor`]: an owned view of memory on one [`Device`]: a buffer of
+//!   its own, or part of memory registered once ([`BlockPool`],
+//!   [`RegisteredMemory`]).
 //! - [`Connector`]: creates the four operations over a [`RegistrationBackend`].
 //! - [`ReadableOperation`] / [`WritableOperation`]: expose memory and publish
 //!   [`RdmaMetadata`] (Dynamo's wire format) for a peer.
 //! - [`ReadOperation`] / [`WriteOperation`]: READ from / WRITE to a peer's
 //!   exposed memory, given its metadata.
 //!
-//! # Quickstart
+//! # KV caches: register once, move blocks
+//!
+//! Register each side's arena once as a [`BlockPool`] and move blocks by
+//! index: operations over its views register nothing, neighbouring blocks go
+//! to the backend as one descriptor, and blocks go back to the pool when
+//! their descriptors drop. The code is the same over every backend.
+//!
+//! ```
+//! use std::num::NonZeroUsize;
+//! use descriptor_core::{BlockPool, Connector, RdmaMetadata};
+//!
+//! fn move_blocks(prefill: &Connector, decode: &Connector) -> descriptor_core::Result<()> {
+//!     let block = NonZeroUsize::new(64 << 10).expect("not zero");
+//!     let kv_prefill = BlockPool::new(prefill, vec![0u8; 256 << 16], block)?;
+//!     let kv_decode = BlockPool::new(decode, vec![0u8; 256 << 16], block)?;
+//!
+//!     // One request: prefill exposes its blocks 3, 4, 5 and 9 ...
+//!     let readable = prefill.create_readable(kv_prefill.checkout_blocks(&[3, 4, 5, 9])?)?;
+//!     let wire: String = readable.metadata().to_json();
+//!
+//!     // ... and decode READs them into four free blocks of its own.
+//!     let remote: RdmaMetadata = wire.parse()?;
+//!     let read = decode.begin_read(&remote, kv_decode.checkout(4).expect("free blocks"))?;
+//!     read.wait()?;
+//!     readable.wait()?;
+//!     let blocks = read.into_descriptors().expect("complete");
+//!     assert_eq!(blocks.len(), 4);
+//!     assert_eq!(decode.registrations(), 1); // the pool's, however many requests
+//!     Ok(())
+//! }
+//! ```
+//!
+//! To read a peer's descriptor into a larger view (a prefix of a pooled
+//! buffer), see [`Connector::begin_read_fit`] and [`Descriptor::set_size`].
+//!
+//! # Quickstart: one buffer per operation
 //!
 //! A server exposes a block and publishes its metadata; a client READs it.
 //! The code is the same over every backend: only the constructor of the
@@ -43,8 +80,12 @@
 //! operations take descriptors (and their buffers) by value and hand them back
 //! only when no transfer can touch them any more. Dropping an unfinished
 //! operation cancels it; `mem::forget` leaks; neither lets safe code free memory
-//! a transfer may still use. See [`RegistrationBackend::revocation_enforced`] for
-//! what a backend can and cannot promise about peers.
+//! a transfer may still use. Descriptors that share a registration are
+//! disjoint views, each owned by one operation or by safe code; the
+//! registration ends after the last of them (and the last pool handle) is
+//! gone, and only then is the memory released. See
+//! [`RegistrationBackend::revocation_enforced`] for what a backend can and
+//! cannot promise about peers.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

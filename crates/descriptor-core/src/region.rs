@@ -4,20 +4,8 @@
 //! A plain descriptor is the one view of a region of its own. A
 //! [`BlockPool`](crate::BlockPool) or [`RegisteredMemory`](crate::RegisteredMemory)
 //! is a region with an [`Allocator`] that hands out views and takes their
-//! ranges back when they are dropped. The rules (V1-V4 in ARCHITECTURE.md,
-//! "Invariants"):
-//!
-//! - **V1** No two live views overlap: the allocator hands out only ranges it
-//!   holds free, under its lock; a split partitions one view; an unsplit
-//!   consumes two adjacent ones; a view is never cloned.
-//! - **V2** Safe code reaches a view's bytes only through that view, and an
-//!   operation owns the views it moves.
-//! - **V3** The registration is made before any view reaches a backend and
-//!   ends only when the last `Arc` on the region goes (every view and every
-//!   pool handle holds one); the memory is released only after
-//!   `deregister` returned `Ok`.
-//! - **V4** `mem::forget` of anything leaks: a forgotten view keeps its `Arc`
-//!   and its range; nothing here needs a destructor to run for soundness.
+//! ranges back when they are dropped. The rules it keeps are V1-V4 of
+//! ARCHITECTURE.md's invariant 9 ("Views"), which comments here refer to.
 
 use std::collections::BTreeMap;
 use std::mem::ManuallyDrop;
