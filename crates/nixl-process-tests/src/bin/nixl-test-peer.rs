@@ -3,6 +3,11 @@
 //! - `readable|writable BLOCKS BLOCK_SIZE [SEED]`: exposes blocks, prints the
 //!   RdmaMetadata as one JSON line, waits for the peer's notification, then
 //!   prints the CRC-32 of its blocks.
+//! - `pool NAME BLOCKS BLOCK_SIZE SEED`: registers one `BlockPool` as agent
+//!   NAME (block `i` holding pattern `SEED + i`), then for each line of block
+//!   indices on stdin (`3,4,9`) exposes those blocks as a readable, prints
+//!   its RdmaMetadata as one JSON line, waits for the peer's notification,
+//!   and prints the CRC-32 of the blocks; exits at the end of stdin.
 //! - `reader|writer [SEED [DETECT]]`: reads RdmaMetadata from stdin, prints
 //!   `{"started":true}` once its READ/WRITE is posted, waits, prints the
 //!   CRC-32 of its blocks, and exits at once (without dropping its
@@ -14,8 +19,10 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use std::num::NonZeroUsize;
+
 use backend_nixl::NixlBackend;
-use descriptor_core::{Connector, Descriptor};
+use descriptor_core::{BlockPool, Connector, Descriptor};
 use test_support::pattern;
 
 fn crc_line(descriptors: &[Descriptor]) -> String {
@@ -80,7 +87,49 @@ fn active(mode: &str, seed: u64, detect: bool) -> Result<(), String> {
     std::process::exit(0)
 }
 
+/// `pool`: a named agent serving readables over blocks of one pool.
+fn pool(name: &str, blocks: usize, size: usize, seed: u64) -> Result<(), String> {
+    let err = |e: descriptor_core::Error| e.to_string();
+    let connector = Connector::new(NixlBackend::new(name).map_err(err)?);
+    let block = NonZeroUsize::new(size).ok_or("BLOCK_SIZE must not be 0")?;
+    let arena: Vec<u8> = (0..blocks)
+        .flat_map(|i| pattern(seed + i as u64, size))
+        .collect();
+    let pool = BlockPool::new(&connector, arena, block).map_err(err)?;
+    for line in std::io::stdin().lines() {
+        let line = line.map_err(|e| e.to_string())?;
+        let indices = line
+            .split(',')
+            .map(|i| i.trim().parse::<usize>().map_err(|e| format!("{i:?}: {e}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let readable = connector
+            .create_readable(pool.checkout_blocks(&indices).map_err(err)?)
+            .map_err(err)?;
+        println!("{}", readable.metadata());
+        readable
+            .wait_timeout(Duration::from_secs(120))
+            .map_err(err)?;
+        let views = readable
+            .into_descriptors()
+            .map_err(|op| format!("completed but not released: {op:?}"))?;
+        println!("{}", crc_line(&views));
+    }
+    if connector.registrations() != 1 {
+        return Err(format!(
+            "{} registrations, not 1",
+            connector.registrations()
+        ));
+    }
+    Ok(())
+}
+
 fn run(args: &[String]) -> Result<(), String> {
+    if let [mode, name, blocks, size, seed] = args
+        && mode == "pool"
+    {
+        let number = |s: &String| s.parse::<usize>().map_err(|e| format!("{s:?}: {e}"));
+        return pool(name, number(blocks)?, number(size)?, number(seed)? as u64);
+    }
     if let [mode, rest @ ..] = args
         && (mode == "reader" || mode == "writer")
     {
