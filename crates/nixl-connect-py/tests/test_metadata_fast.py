@@ -544,6 +544,28 @@ def test_passive_metadata_is_built_without_json_and_dumps_pydantic_s_bytes():
     run(exchange(True))
 
 
+def test_metadata_of_two_peers_parsed_in_turns_reaches_each_peer():
+    # The agent metadata of each peer in turn, the same one twice in a row
+    # too (the native parser remembers the last one it decoded).
+    peers = [nc.Connector(backend="loopback") for _ in range(2)]
+    active = nc.Connector(backend="loopback")
+
+    async def exchange():
+        for turn, index in enumerate([0, 0, 1, 1, 0, 1]):
+            data = bytes([turn + 1]) * 256
+            readable = await peers[index].create_readable(nc.Descriptor(data))
+            metadata = nc.RdmaMetadata.model_validate_json(readable.metadata().model_dump_json())
+            assert took_fast_path(metadata)
+            target = bytearray(256)
+            with await active.begin_read(metadata, nc.Descriptor(target)) as read:
+                await read.wait_for_completion()
+            with readable:
+                await readable.wait_for_completion()
+            assert bytes(target) == data, (turn, index)
+
+    run(exchange())
+
+
 def test_a_fast_parsed_writable_is_written():
     passive = nc.Connector(backend="loopback")
     active = nc.Connector(backend="loopback")
