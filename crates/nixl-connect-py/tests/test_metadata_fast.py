@@ -479,6 +479,27 @@ def test_fast_models_behave_as_validated_ones():
         nc.RdmaMetadata)
 
 
+def test_building_models_leaves_the_garbage_collector_as_it_found_it():
+    # The builder pauses the collector for its burst of allocations.
+    import gc
+
+    text = compact(random_document(random.Random(5), 2000))
+    native = _native.Metadata.from_json_exact(text)
+    assert gc.isenabled()
+    assert took_fast_path(nc.RdmaMetadata.model_validate_json(text))
+    assert gc.isenabled()
+    with pytest.raises(AttributeError, match="__dict__"):
+        native.model(int, int)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        model = nc.RdmaMetadata.model_validate_json(text)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    assert_same_models(model, pydantic_parse_json(text))
+
+
 def test_a_model_nested_in_another_is_pydantic_s_as_before():
     class Request(BaseModel):
         metadata: nc.RdmaMetadata
