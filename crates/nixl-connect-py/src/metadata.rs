@@ -269,9 +269,9 @@ impl PyMetadata {
 /// collection, and the survivors (all of them) a full one every few
 /// documents, each traversing every object of the process. Paused, a
 /// document costs one collection of its young objects, after. Measured at
-/// 4096 descriptors (parse, dump and both, freeing included): 19.6 ms an
-/// iteration with collections, 11.3 paused; 30.8 against 11.8 with 300,000
-/// other objects alive. Nothing else can see the pause: the GIL is held
+/// 4096 descriptors (parse, dump and both, freeing included, on a loaded
+/// 2-core machine): 19-20 ms an iteration with collections, 6.4-7.8 paused;
+/// 28-31 against 7.9-8.2 with 300,000 other objects alive. Nothing else can see the pause: the GIL is held
 /// throughout and no Python code runs while it lasts.
 struct GcPaused(bool);
 
