@@ -48,6 +48,8 @@ struct Row {
     gbps: f64,
     p50_us: f64,
     p50_runs_us: Vec<f64>,
+    /// Metadata rows: the size of the document.
+    json_bytes: u64,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -277,6 +279,7 @@ pub(crate) fn render(report: &Report, plotted: bool) -> String {
     let _ = writeln!(w, "## How far one run can be trusted\n\n{TRUST}");
     targets(w, report);
     results(w, report, plotted);
+    metadata(w, report);
     other(w, report);
     page
 }
@@ -453,6 +456,98 @@ fn results(w: &mut String, report: &Report, plotted: bool) {
     }
 }
 
+/// The Python metadata rows' ops (`metadata-<op>`), in table order.
+const METADATA_OPS: &[(&str, &str)] = &[
+    ("metadata-parse", "parse"),
+    ("metadata-dump", "dump"),
+    ("metadata-round-trip", "round trip"),
+];
+/// Who parses and dumps in the metadata table, in column order.
+const METADATA_MOVERS: &[&str] = &["py-nixl-connect", "py-nixl-connect-pydantic", "py-dynamo"];
+/// The metadata budget: a round trip of this many descriptors, in µs.
+const METADATA_TARGET: (u64, f64) = (4096, 5000.0);
+
+/// The Python metadata rows (`RdmaMetadata` parsed and dumped), if any,
+/// and whether the round trip at 4096 descriptors meets its budget.
+fn metadata(w: &mut String, report: &Report) {
+    let rows: Vec<&Row> = report
+        .results
+        .iter()
+        .filter(|r| r.backend.starts_with("py-") && r.op.starts_with("metadata-"))
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    let find = |backend: &str, op: &str, blocks: u64| {
+        rows.iter()
+            .find(|r| r.backend == backend && r.op == op && r.blocks == blocks)
+    };
+    let _ = writeln!(
+        w,
+        "### Python: metadata\n\n\
+         An `RdmaMetadata` of N descriptors: `model_validate_json` of its \
+         JSON (parse), `model_dump_json()` of the parsed model (dump), and \
+         both (round trip); p50 µs. \"via pydantic\" is the package's models \
+         through pydantic alone (what it did before its fast path, and does \
+         for what that path leaves to pydantic).\n\n\
+         | Descriptors | JSON | Op | nixl_connect | via pydantic | Dynamo 1.6.1 | × lower than Dynamo |\n\
+         |---|---|---|---:|---:|---:|---:|"
+    );
+    for blocks in first_seen(rows.iter().map(|r| r.blocks)) {
+        for (op, name) in METADATA_OPS {
+            let Some(ours) = find(METADATA_MOVERS[0], op, blocks) else {
+                continue;
+            };
+            let _ = write!(w, "| {blocks} | {} | {name} |", kilobytes(ours.json_bytes));
+            for mover in METADATA_MOVERS {
+                match find(mover, op, blocks) {
+                    Some(r) => {
+                        let _ = write!(w, " {} |", number(r.p50_us));
+                    }
+                    None => {
+                        let _ = write!(w, " - |");
+                    }
+                }
+            }
+            match find("py-dynamo", op, blocks) {
+                Some(d) if ours.p50_us > 0.0 => {
+                    let _ = writeln!(w, " {} |", number(d.p50_us / ours.p50_us));
+                }
+                _ => {
+                    let _ = writeln!(w, " - |");
+                }
+            }
+        }
+    }
+    let (blocks, budget) = METADATA_TARGET;
+    let target = format!(
+        "metadata round trip at {blocks} descriptors <= {} ms",
+        budget / 1000.0
+    );
+    match find(METADATA_MOVERS[0], "metadata-round-trip", blocks) {
+        Some(r) => {
+            let _ = writeln!(
+                w,
+                "\nTarget: {target}: {} ({} ms).\n",
+                mark(r.p50_us <= budget),
+                number(r.p50_us / 1000.0)
+            );
+        }
+        None => {
+            let _ = writeln!(w, "\nTarget: {target}: not measured.\n");
+        }
+    }
+}
+
+/// A document size: `12.3 KiB`, or bytes below 1 KiB.
+fn kilobytes(bytes: u64) -> String {
+    if bytes < 1024 {
+        format!("{bytes} B")
+    } else {
+        format!("{} KiB", number(bytes as f64 / 1024.0))
+    }
+}
+
 fn other(w: &mut String, report: &Report) {
     if report.other.is_empty() {
         return;
@@ -520,7 +615,15 @@ mod tests {
         {"backend": "nixl-xproc", "op": "write", "block_bytes": 65536, "blocks": 1,
          "gbps": 1.5, "p50_us": 43.7, "p99_us": 90.0, "p50_runs_us": [43.0, 44.4]},
         {"backend": "py-nixl-connect", "op": "read", "block_bytes": 4096, "blocks": 1,
-         "gbps": 0.05, "p50_us": 81.0, "p99_us": 120.0, "p50_runs_us": [81.0]}
+         "gbps": 0.05, "p50_us": 81.0, "p99_us": 120.0, "p50_runs_us": [81.0]},
+        {"backend": "py-nixl-connect", "op": "metadata-round-trip", "block_bytes": 4096,
+         "blocks": 4096, "json_bytes": 230000, "p50_us": 3210.0, "p99_us": 4000.0},
+        {"backend": "py-nixl-connect-pydantic", "op": "metadata-round-trip",
+         "block_bytes": 4096, "blocks": 4096, "json_bytes": 230000, "p50_us": 41000.0},
+        {"backend": "py-dynamo", "op": "metadata-round-trip", "block_bytes": 4096,
+         "blocks": 4096, "json_bytes": 230000, "p50_us": 32100.0},
+        {"backend": "py-nixl-connect", "op": "metadata-parse", "block_bytes": 4096,
+         "blocks": 1, "json_bytes": 300, "p50_us": 4.5}
       ],
       "other": [{"name": "loopback: idle CPU", "unit": "%", "value": 0.1234}],
       "targets": [
@@ -565,11 +668,38 @@ mod tests {
             "| **MISSED** | write 4 KiB: within 1.5x of the Rust API | 1.62 |",
             "| loopback: idle CPU | 0.123 % |",
             "](bandwidth.svg)",
+            "### Python: metadata",
+            "| 4096 | 225 KiB | round trip | 3210 | 41000 | 32100 | 10.0 |",
+            "| 1 | 300 B | parse | 4.50 | - | - | - |",
+            "Target: metadata round trip at 4096 descriptors <= 5 ms: met (3.21 ms).",
         ] {
             assert!(page.contains(expected), "missing {expected:?} in:\n{page}");
         }
-        // No table for what was not measured.
+        // No table for what was not measured; metadata rows only in theirs.
         assert!(!page.contains("### Across processes: read"), "{page}");
+        assert!(!page.contains("4 KiB × 4096"), "{page}");
+    }
+
+    #[test]
+    fn a_metadata_round_trip_over_its_budget_is_missed() {
+        let report: Report = serde_json::from_str(
+            r#"{"results": [{"backend": "py-nixl-connect", "op": "metadata-round-trip",
+                "block_bytes": 4096, "blocks": 4096, "json_bytes": 1000, "p50_us": 5001.0}]}"#,
+        )
+        .unwrap();
+        let page = render(&report, false);
+        assert!(
+            page.contains(
+                "Target: metadata round trip at 4096 descriptors <= 5 ms: **MISSED** (5.00 ms)."
+            ),
+            "{page}"
+        );
+        assert!(
+            page.contains("| 4096 | 1000 B | round trip | 5001 | - | - | - |"),
+            "{page}"
+        );
+        let none = render(&Report::default(), false);
+        assert!(!none.contains("### Python: metadata"), "{none}");
     }
 
     #[test]

@@ -22,6 +22,18 @@ bench's `nixl` row: `begin_*`, then a blocking `wait`) over the same NIXL
 runtime, interleaved with the other two, and with ours' peer-failure
 detection (`NIXL_CONNECT_PEER_FAILURE_DETECTION`; Dynamo's workers ignore it).
 
+Metadata rows (`"op": "metadata-dump"`, `"metadata-parse"` and
+`"metadata-round-trip"`, `"blocks"` descriptors of 4 KiB blocks): an
+`RdmaMetadata` of that many descriptors, parsed from its JSON
+(`model_validate_json`), dumped (`model_dump_json()` of the parsed model), and
+both (the parsed model dumped and its JSON parsed again: what a request
+plane hop costs the two ends), timed in each Python worker with its own
+module, freeing the models left out (the same objects on both sides); ours also
+through pydantic alone (`"py-nixl-connect-pydantic"`: the models' own
+`model_validate_json`/`model_dump_json`, what the package did before its fast
+path and still does for what that path leaves to pydantic).
+`--metadata-only` measures only these.
+
 Rows go into `report.json` (`--report`, merged: earlier `py-*` rows replaced)
 with `"backend": "py-nixl-connect"`, `"py-dynamo"` and `"py-rust-api"`; a
 Markdown table and the targets are printed.
@@ -52,6 +64,17 @@ VARIANTS = {
 # The Python workers fill their buffers alike (NumPy's generator), so their
 # digests must agree; the Rust worker checks its own bytes.
 PYTHON_IMPLS = ("ours", "dynamo")
+# Metadata rows: descriptors per document, the rounds of each, the backend
+# of each way a worker parses and dumps.
+METADATA_DESCRIPTORS = (1, 256, 4096)
+METADATA_ROUNDS = {1: 2000, 256: 400, 4096: 100}
+METADATA_BACKENDS = {
+    ("ours", "api"): "py-nixl-connect",
+    ("ours", "pydantic"): "py-nixl-connect-pydantic",
+    ("dynamo", "api"): "py-dynamo",
+}
+METADATA_OPS = ("metadata-dump", "metadata-parse", "metadata-round-trip")
+METADATA_TARGET_MS = 5.0
 
 
 # Worker: one implementation, two connectors, one process.
@@ -115,6 +138,12 @@ def worker(impl: str) -> None:
 
         for line in sys.stdin:
             command = json.loads(line)
+            if command["kind"] == "metadata":
+                reply = time_metadata(nixl_connect, command["descriptors"], command["count"],
+                                      command["via"])
+                sys.stdout.write(MARK + json.dumps(reply) + "\n")
+                sys.stdout.flush()
+                continue
             op, size = command["op"], command["size"]
             if command["kind"] == "check":
                 prepare(op, size)[1 if op == "read" else 0][:] = 0
@@ -128,6 +157,59 @@ def worker(impl: str) -> None:
             sys.stdout.flush()
 
     asyncio.run(main())
+
+
+def time_metadata(module, descriptors: int, count: int, via: str) -> dict:
+    """Times parsing, dumping and both, `count` times each, of an
+    `RdmaMetadata` of `descriptors` descriptors (4 KiB blocks of one GPU
+    buffer, as a KV-cache pool publishes them), made with `module`'s models.
+    `via`: "api" (the model's methods) or "pydantic" (pydantic's own, past
+    any override)."""
+    import base64
+    import uuid
+    import zlib
+
+    from pydantic import BaseModel
+
+    model = module.RdmaMetadata
+    blob = bytes(range(256)) * 8
+    base = 0x7F3A_0000_0000
+    metadata = model(
+        descriptors=[
+            module.SerializedDescriptor(device="cuda:0", ptr=base + i * 4 * KIB, size=4 * KIB)
+            for i in range(descriptors)
+        ],
+        nixl_metadata="b64:" + base64.b64encode(zlib.compress(blob, 6)).decode(),
+        notification_key=str(uuid.uuid4()),
+        operation_kind=1,
+    )
+    text = metadata.model_dump_json()
+    if via == "pydantic":
+        parse = BaseModel.model_validate_json.__func__.__get__(model)
+        dump = BaseModel.model_dump_json
+    else:
+        parse, dump = model.model_validate_json, model.model_dump_json
+    parsed = parse(text)
+    if parsed != metadata or dump(parsed) != text:
+        raise RuntimeError(f"metadata of {descriptors} descriptors ({via}) did not round-trip")
+    samples = {op: [] for op in METADATA_OPS}
+    for _ in range(count):
+        # Freeing the models is left out of every timing: both
+        # implementations hold as many Python objects, and free them alike.
+        parsed = again = None
+        started = time.perf_counter()
+        parsed = parse(text)
+        parsed_at = time.perf_counter()
+        dump(parsed)
+        dumped_at = time.perf_counter()
+        again = parse(dump(parsed))
+        done = time.perf_counter()
+        samples["metadata-parse"].append(parsed_at - started)
+        samples["metadata-dump"].append(dumped_at - parsed_at)
+        samples["metadata-round-trip"].append(done - dumped_at)
+    if again != metadata:
+        raise RuntimeError(f"metadata of {descriptors} descriptors ({via}) did not round-trip")
+    return {"samples": samples, "json_bytes": len(text)}
 
 
 # Driver.
@@ -196,16 +278,49 @@ def percentile(sorted_samples: list, p: float) -> float:
     return sorted_samples[round((len(sorted_samples) - 1) * p)]
 
 
-def measure(quick: bool) -> list:
+def measure_metadata(peers: list, quick: bool) -> list:
+    """The metadata rows: each worker's ways in turns, a batch at a time."""
+    rows = []
+    for descriptors in METADATA_DESCRIPTORS:
+        total = METADATA_ROUNDS[descriptors] // (2 if quick else 1)
+        batch = max(total // 10, 1)
+        ways = [(peer, via) for peer in peers
+                for (impl, via) in METADATA_BACKENDS if impl == peer.impl]
+        samples = {(peer.impl, via): {op: [] for op in METADATA_OPS} for peer, via in ways}
+        json_bytes = {}
+        for _ in range(total // batch):
+            for peer, via in ways:
+                reply = peer.ask(kind="metadata", descriptors=descriptors, count=batch, via=via)
+                json_bytes[(peer.impl, via)] = reply["json_bytes"]
+                for op in METADATA_OPS:
+                    samples[(peer.impl, via)][op].extend(reply["samples"][op])
+        for way, by_op in samples.items():
+            for op, s in by_op.items():
+                s.sort()
+                rows.append({
+                    "backend": METADATA_BACKENDS[way], "op": op, "block_bytes": 4 * KIB,
+                    "blocks": descriptors, "json_bytes": json_bytes[way],
+                    "p50_us": percentile(s, 0.5) * 1e6, "p99_us": percentile(s, 0.99) * 1e6,
+                    "iterations": len(s),
+                })
+        print(f"bench --python: metadata of {descriptors} descriptors done ({total} rounds each)",
+              file=sys.stderr)
+    return rows
+
+
+def measure(quick: bool, metadata_only: bool = False) -> list:
     sizes = [4 * KIB, 64 * KIB, MIB, 16 * MIB] + ([] if quick else [64 * MIB])
     impls = ["ours", "dynamo"]
-    if os.environ.get("NIXL_CONNECT_RUST_WORKER"):
+    if os.environ.get("NIXL_CONNECT_RUST_WORKER") and not metadata_only:
         impls.append("rust")
     peers = [Peer(impl) for impl in impls]
     for peer in peers:
         peer.others = [p for p in peers if p is not peer]
     rows = []
     try:
+        rows += measure_metadata([p for p in peers if p.impl in PYTHON_IMPLS], quick)
+        if metadata_only:
+            sizes = []
         for size in sizes:
             # Small rows are cheap and noisy on a small machine: full count
             # even with --quick (its 40 round trips gave 4 KiB ratios from
@@ -260,10 +375,24 @@ def find(rows: list, backend: str, op: str, size: int):
     return None
 
 
-def targets(rows: list) -> list:
-    out = []
+def is_transfer(row: dict) -> bool:
+    return row["op"] in ("read", "write")
+
+
+def metadata_target(rows: list) -> list:
+    """The metadata round trip at 4096 descriptors against its budget."""
     for r in rows:
-        if r["backend"] != "py-nixl-connect":
+        if (r["backend"], r["op"], r["blocks"]) == ("py-nixl-connect", "metadata-round-trip", 4096):
+            ms = r["p50_us"] / 1e3
+            return [{"target": f"metadata round trip at 4096 descriptors <= {METADATA_TARGET_MS:g} ms",
+                     "value": round(ms, 2), "met": ms <= METADATA_TARGET_MS}]
+    return []
+
+
+def targets(rows: list) -> list:
+    out = metadata_target(rows)
+    for r in rows:
+        if r["backend"] != "py-nixl-connect" or not is_transfer(r):
             continue
         d = find(rows, "py-dynamo", r["op"], r["block_bytes"])
         if d is None:
@@ -303,7 +432,7 @@ def table(rows: list) -> str:
         return f"{other['p50_us']:.0f}" if other else "-"
 
     for r in rows:
-        if r["backend"] != "py-nixl-connect":
+        if r["backend"] != "py-nixl-connect" or not is_transfer(r):
             continue
         d = find(rows, "py-dynamo", r["op"], r["block_bytes"])
         lines.append(
@@ -315,11 +444,41 @@ def table(rows: list) -> str:
     return "\n".join(lines)
 
 
+def metadata_table(rows: list) -> str:
+    """p50 µs of each metadata op: ours, ours through pydantic alone, Dynamo's."""
+    lines = [
+        "| descriptors | JSON bytes | op | nixl_connect p50 µs | nixl_connect via pydantic p50 µs"
+        " | Dynamo p50 µs | × lower than Dynamo |",
+        "|---|---|---|---|---|---|---|",
+    ]
+
+    def p50(backend: str, n: int, op: str):
+        for r in rows:
+            if (r["backend"], r["op"], r["blocks"]) == (backend, op, n):
+                return r["p50_us"]
+        return None
+
+    for n in METADATA_DESCRIPTORS:
+        for op in METADATA_OPS:
+            ours, before, dynamo = (p50(b, n, op) for b in
+                                    ("py-nixl-connect", "py-nixl-connect-pydantic", "py-dynamo"))
+            if ours is None:
+                continue
+            size = next(r["json_bytes"] for r in rows
+                        if (r["backend"], r["op"], r["blocks"]) == ("py-nixl-connect", op, n))
+            shown = [f"{v:.1f}" if v is not None else "-" for v in (ours, before, dynamo)]
+            ratio = f"{dynamo / ours:.1f}" if dynamo is not None else "-"
+            lines.append(f"| {n} | {size} | {op[len('metadata-'):]} | {' | '.join(shown)} | {ratio} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", choices=sorted({w for w, _ in VARIANTS}))
     parser.add_argument("--report", type=Path, default=Path("target/bench/report.json"))
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--metadata-only", action="store_true",
+                        help="only the metadata rows (no NIXL transfers)")
     args = parser.parse_args()
     if args.worker:
         worker(args.worker)
@@ -328,17 +487,30 @@ def main() -> int:
         if not os.environ.get(var):
             print(f"bench.py: {var} is not set (cargo xtask bench --python sets it)", file=sys.stderr)
             return 2
-    rows = measure(args.quick)
+    rows = measure(args.quick, args.metadata_only)
     report = {}
     if args.report.is_file():
         report = json.loads(args.report.read_text())
-    results = [r for r in report.get("results", []) if not str(r.get("backend", "")).startswith("py-")]
+
+    def replaced(row: dict) -> bool:
+        # Every earlier Python row, or only its metadata rows.
+        python = str(row.get("backend", "")).startswith("py-")
+        return python and (not args.metadata_only or str(row.get("op", "")).startswith("metadata-"))
+
+    results = [r for r in report.get("results", []) if not replaced(r)]
     report["results"] = results + rows
-    report["python_targets"] = targets(rows)
+    if args.metadata_only:
+        kept = [t for t in report.get("python_targets", []) if not t["target"].startswith("metadata ")]
+        report["python_targets"] = metadata_target(rows) + kept
+    else:
+        report["python_targets"] = targets(rows)
     args.report.parent.mkdir(parents=True, exist_ok=True)
     args.report.write_text(json.dumps(report, indent=2))
-    print("\n== nixl_connect (ours, NIXL) vs dynamo.nixl_connect 1.6.1, one block, p50 ==")
-    print(table(rows))
+    if not args.metadata_only:
+        print("\n== nixl_connect (ours, NIXL) vs dynamo.nixl_connect 1.6.1, one block, p50 ==")
+        print(table(rows))
+    print("\n== RdmaMetadata: nixl_connect vs dynamo.nixl_connect 1.6.1, p50 ==")
+    print(metadata_table(rows))
     for t in report["python_targets"]:
         print(f"  [{'met' if t['met'] else 'MISSED'}] {t['target']}: {t['value']}")
     if not os.environ.get("NIXL_CONNECT_RUST_WORKER"):

@@ -1,10 +1,32 @@
 //! The native side of `RdmaMetadata`: parsed and validated once by the Rust
 //! core (bounded, untrusted input), then handed to `begin_read`/`begin_write`.
+//!
+//! The pydantic models' fast path (docs/decisions/0011, §6) is here too:
+//! - `from_json_exact` and `from_dict_exact` read only documents that
+//!   pydantic would read into the very same model (every field present, each
+//!   once, objects as objects, exact types, device strings as Dynamo writes
+//!   them) and refuse everything else, which the Python layer then hands to
+//!   pydantic; what they take, the core validates as `from_json` does;
+//! - `model` builds the pydantic models from the parsed metadata the way
+//!   pydantic-core builds a validated instance, without running a validator
+//!   per descriptor;
+//! - `to_json` writes what pydantic's `model_dump_json()` writes for that
+//!   model, `nixl_metadata` as the document gave it.
 
-use std::sync::Arc;
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::{Arc, OnceLock};
 
-use descriptor_core::{OperationKind, RdmaMetadata};
+use descriptor_core::{
+    Device, Error, MAX_DESCRIPTORS, MAX_JSON_BYTES, OperationKind, RdmaMetadata,
+    SerializedDescriptor, decode_agent_metadata, encode_agent_metadata,
+};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::pybacked::{PyBackedBytes, PyBackedStr};
+use pyo3::types::{PyDict, PyInt, PyList, PySet, PyString, PyTuple, PyType};
+use pyo3::{ffi, intern};
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use crate::error::to_py;
 
@@ -12,21 +34,87 @@ use crate::error::to_py;
 #[pyclass(frozen, module = "nixl_connect._native", name = "Metadata")]
 pub(crate) struct PyMetadata {
     inner: Arc<RdmaMetadata>,
+    /// `nixl_metadata` as `to_json` writes it: as the document gave it
+    /// (`from_*_exact`), else as this library encodes the agent blob.
+    nixl_metadata: OnceLock<String>,
 }
 
 impl PyMetadata {
     pub(crate) fn new(inner: RdmaMetadata) -> PyMetadata {
-        PyMetadata {
-            inner: Arc::new(inner),
-        }
+        PyMetadata::from_arc(Arc::new(inner))
     }
 
     pub(crate) fn from_arc(inner: Arc<RdmaMetadata>) -> PyMetadata {
-        PyMetadata { inner }
+        PyMetadata {
+            inner,
+            nixl_metadata: OnceLock::new(),
+        }
+    }
+
+    /// Metadata whose `to_json` writes `nixl_metadata` as given.
+    fn with_encoded(inner: RdmaMetadata, nixl_metadata: String) -> PyMetadata {
+        PyMetadata {
+            inner: Arc::new(inner),
+            nixl_metadata: OnceLock::from(nixl_metadata),
+        }
     }
 
     pub(crate) fn inner(&self) -> &RdmaMetadata {
         &self.inner
+    }
+
+    fn encoded(&self) -> &str {
+        self.nixl_metadata
+            .get_or_init(|| encode_agent_metadata(self.inner.agent_metadata()))
+    }
+
+    /// What pydantic-core writes for the model `model` builds: compact, in
+    /// field order, strings escaped as serde_json escapes them (as
+    /// pydantic-core does), integers in decimal. Written by hand: through
+    /// serde's derive each device went through `Display` and took a third of
+    /// the time.
+    fn write_json(&self) -> Result<String, String> {
+        let failed = |e: serde_json::Error| format!("cannot write the metadata's JSON: {e}");
+        let descriptors = self.inner.descriptors();
+        let nixl_metadata = self.encoded();
+        let key = self.inner.notification_key();
+        let mut out =
+            Vec::with_capacity(96 + descriptors.len() * 64 + nixl_metadata.len() + 2 * key.len());
+        out.extend_from_slice(b"{\"descriptors\":[");
+        let mut numbers = itoa::Buffer::new();
+        // The device's JSON string, for a run of descriptors on one device.
+        let mut last: Option<(Device, Vec<u8>)> = None;
+        for (i, d) in descriptors.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(b"{\"device\":");
+            match &last {
+                Some((device, text)) if *device == d.device => out.extend_from_slice(text),
+                _ => {
+                    let text = serde_json::to_vec(&d.device.to_string()).map_err(failed)?;
+                    out.extend_from_slice(&text);
+                    last = Some((d.device, text));
+                }
+            }
+            out.extend_from_slice(b",\"ptr\":");
+            out.extend_from_slice(numbers.format(d.ptr).as_bytes());
+            out.extend_from_slice(b",\"size\":");
+            out.extend_from_slice(numbers.format(d.size).as_bytes());
+            out.push(b'}');
+        }
+        out.extend_from_slice(b"],\"nixl_metadata\":");
+        serde_json::to_writer(&mut out, nixl_metadata).map_err(failed)?;
+        out.extend_from_slice(b",\"notification_key\":");
+        serde_json::to_writer(&mut out, key).map_err(failed)?;
+        out.extend_from_slice(b",\"operation_kind\":");
+        out.extend_from_slice(
+            numbers
+                .format(kind_number(self.inner.operation_kind()))
+                .as_bytes(),
+        );
+        out.push(b'}');
+        String::from_utf8(out).map_err(|e| format!("the metadata's JSON is not UTF-8: {e}"))
     }
 }
 
@@ -37,21 +125,59 @@ pub(crate) fn kind_number(kind: OperationKind) -> u8 {
     }
 }
 
+/// A JSON document from Python: `str`, `bytes` or `bytearray`.
+#[derive(FromPyObject)]
+pub(crate) enum JsonText {
+    Text(PyBackedStr),
+    Bytes(PyBackedBytes),
+}
+
+impl JsonText {
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            JsonText::Text(text) => text.as_bytes(),
+            JsonText::Bytes(bytes) => bytes,
+        }
+    }
+}
+
 #[pymethods]
 impl PyMetadata {
     /// Parses Dynamo's JSON (`b64:` or legacy hex `nixl_metadata`); `ValueError`
     /// on anything invalid or over the bounds.
     #[staticmethod]
-    fn from_json(py: Python<'_>, json: String) -> PyResult<PyMetadata> {
+    fn from_json(py: Python<'_>, json: JsonText) -> PyResult<PyMetadata> {
         // Decoding inflates the agent blob: no GIL needed for that.
-        py.detach(|| RdmaMetadata::from_json(&json))
+        py.detach(|| RdmaMetadata::from_slice(json.as_bytes()))
             .map(PyMetadata::new)
             .map_err(to_py)
     }
 
-    /// Dynamo's JSON.
-    fn to_json(&self) -> String {
-        self.inner.to_json()
+    /// Parses only a document that pydantic reads into the same model as
+    /// this gives (see the module's documentation), validated as `from_json`
+    /// validates; `ValueError` on anything else.
+    #[staticmethod]
+    fn from_json_exact(py: Python<'_>, json: JsonText) -> PyResult<PyMetadata> {
+        py.detach(|| exact_json(json.as_bytes())).map_err(to_py)
+    }
+
+    /// `from_json_exact` for a `dict` (what `model_validate` gets): only
+    /// exact `dict`, `list`, `str` and `int` objects; `ValueError` otherwise.
+    #[staticmethod]
+    fn from_dict_exact(document: &Bound<'_, PyAny>) -> PyResult<PyMetadata> {
+        exact_dict(document)
+    }
+
+    /// Dynamo's JSON: what pydantic's `model_dump_json()` writes for the
+    /// model `model` builds.
+    fn to_json(&self) -> PyResult<String> {
+        self.write_json().map_err(PyRuntimeError::new_err)
+    }
+
+    /// `nixl_metadata` as `to_json` writes it.
+    #[getter]
+    fn nixl_metadata(&self) -> &str {
+        self.encoded()
     }
 
     /// 1 (readable: the peer READs) or 2 (writable: the peer WRITEs).
@@ -74,5 +200,624 @@ impl PyMetadata {
             .iter()
             .map(|d| (d.device.to_string(), d.ptr, d.size))
             .collect()
+    }
+
+    /// The metadata as an instance of `cls` (pydantic's `RdmaMetadata`), its
+    /// `descriptors` instances of `descriptor_cls` (`SerializedDescriptor`),
+    /// built as pydantic-core builds validated instances: `__dict__` in field
+    /// order, every field set, no extra, no private attributes. No validator
+    /// runs: the caller vouches that these are the two models, and that
+    /// pydantic would have validated the metadata into these values.
+    fn model<'py>(
+        &self,
+        cls: &Bound<'py, PyType>,
+        descriptor_cls: &Bound<'py, PyType>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = cls.py();
+        let _paused = GcPaused::new(py);
+        let names = [
+            intern!(py, "device"),
+            intern!(py, "ptr"),
+            intern!(py, "size"),
+        ];
+        let shells = Shells::new(descriptor_cls, &names)?;
+        let mut items = Vec::with_capacity(self.inner.descriptors().len());
+        // Blocks of one buffer share a device: one string for a run of them.
+        let mut last: Option<(Device, Bound<'py, PyString>)> = None;
+        let mut last_size: Option<(u64, Bound<'py, PyInt>)> = None;
+        for d in self.inner.descriptors() {
+            let device = match &last {
+                Some((device, text)) if *device == d.device => text.clone(),
+                _ => {
+                    let text = PyString::new(py, &d.device.to_string());
+                    last = Some((d.device, text.clone()));
+                    text
+                }
+            };
+            // Blocks share a size too: one int for a run of them.
+            let size = match &last_size {
+                Some((value, int)) if *value == d.size => int.clone(),
+                _ => {
+                    let int = d.size.into_pyobject(py)?;
+                    last_size = Some((d.size, int.clone()));
+                    int
+                }
+            };
+            let dict = PyDict::new(py);
+            dict.set_item(names[0], device)?;
+            dict.set_item(names[1], d.ptr)?;
+            dict.set_item(names[2], size)?;
+            items.push(shells.build(dict)?);
+        }
+        let fields = [
+            intern!(py, "descriptors"),
+            intern!(py, "nixl_metadata"),
+            intern!(py, "notification_key"),
+            intern!(py, "operation_kind"),
+        ];
+        let dict = PyDict::new(py);
+        dict.set_item(fields[0], PyList::new(py, items)?)?;
+        dict.set_item(fields[1], self.encoded())?;
+        dict.set_item(fields[2], self.notification_key())?;
+        dict.set_item(fields[3], self.operation_kind())?;
+        Shells::new(cls, &fields)?.build(dict)
+    }
+}
+
+/// The cyclic garbage collector paused while it lives (if it was enabled),
+/// for a burst of allocations: every 700 new instances would start a
+/// collection, and the survivors (all of them) a full one every few
+/// documents, each traversing every object of the process. Paused, a
+/// document costs one collection of its young objects, after. Measured at
+/// 4096 descriptors (parse, dump and both, freeing included, on a loaded
+/// 2-core machine): 19-20 ms an iteration with collections, 6.4-7.8 paused;
+/// 28-31 against 7.9-8.2 with 300,000 other objects alive. Nothing else can see the pause: the GIL is held
+/// throughout and no Python code runs while it lasts.
+struct GcPaused(bool);
+
+impl GcPaused {
+    fn new(_py: Python<'_>) -> GcPaused {
+        // SAFETY: the GIL is held (`_py`); returns whether it was enabled.
+        GcPaused(unsafe { ffi::PyGC_Disable() } == 1)
+    }
+}
+
+impl Drop for GcPaused {
+    fn drop(&mut self) {
+        if self.0 {
+            // SAFETY: dropped where it was made, the GIL still held (the
+            // builder never releases it).
+            unsafe { ffi::PyGC_Enable() };
+        }
+    }
+}
+
+/// Builds instances of one pydantic model class without validation, as
+/// pydantic-core's model validator does once it has the field values: the
+/// class's `tp_new` with no arguments, then `__dict__`, `__pydantic_extra__`
+/// (`None`), `__pydantic_private__` (`None`) and `__pydantic_fields_set__`
+/// (every field) set past the model's own `__setattr__` (frozen models
+/// refuse that one).
+struct Shells<'py> {
+    cls: Bound<'py, PyType>,
+    new: ffi::newfunc,
+    args: Bound<'py, PyTuple>,
+    /// The field names, copied into each instance's own set.
+    fields: Bound<'py, PySet>,
+    none: Bound<'py, PyAny>,
+    names: [Bound<'py, PyString>; 4],
+}
+
+impl<'py> Shells<'py> {
+    fn new(cls: &Bound<'py, PyType>, fields: &[&Bound<'py, PyString>]) -> PyResult<Shells<'py>> {
+        let py = cls.py();
+        // SAFETY: `cls` is a live type object (the GIL is held); `Py_tp_new`
+        // is a valid slot id for every type (static ones too, since 3.10).
+        let slot = unsafe { ffi::PyType_GetSlot(cls.as_type_ptr(), ffi::Py_tp_new) };
+        if slot.is_null() {
+            return Err(PyValueError::new_err(format!(
+                "{cls} cannot be instantiated (no tp_new)"
+            )));
+        }
+        // SAFETY: the `Py_tp_new` slot holds a `newfunc`.
+        let new = unsafe { std::mem::transmute::<*mut std::ffi::c_void, ffi::newfunc>(slot) };
+        Ok(Shells {
+            cls: cls.clone(),
+            new,
+            args: PyTuple::empty(py),
+            fields: PySet::new(py, fields)?,
+            none: py.None().into_bound(py),
+            names: [
+                intern!(py, "__dict__").clone(),
+                intern!(py, "__pydantic_extra__").clone(),
+                intern!(py, "__pydantic_private__").clone(),
+                intern!(py, "__pydantic_fields_set__").clone(),
+            ],
+        })
+    }
+
+    /// An instance whose `__dict__` is `dict` (the fields' values, in field
+    /// order).
+    fn build(&self, dict: Bound<'py, PyDict>) -> PyResult<Bound<'py, PyAny>> {
+        let py = self.cls.py();
+        // SAFETY: `tp_new` of `cls`, called with `cls` itself, an empty
+        // argument tuple and no keywords (allowed: NULL `kwds`), the GIL
+        // held; it returns a new reference or NULL with an exception set.
+        let instance = unsafe {
+            Bound::from_owned_ptr_or_err(
+                py,
+                (self.new)(
+                    self.cls.as_type_ptr(),
+                    self.args.as_ptr(),
+                    std::ptr::null_mut(),
+                ),
+            )
+        }?;
+        // SAFETY: `fields` is a live set (the GIL is held); `PySet_New`
+        // returns a new reference to a new set of its items, or NULL with an
+        // exception set.
+        let fields_set =
+            unsafe { Bound::from_owned_ptr_or_err(py, ffi::PySet_New(self.fields.as_ptr())) }?;
+        let [dict_name, extra, private, fields_name] = &self.names;
+        force_setattr(&instance, dict_name, dict.as_any())?;
+        force_setattr(&instance, extra, &self.none)?;
+        force_setattr(&instance, private, &self.none)?;
+        force_setattr(&instance, fields_name, &fields_set)?;
+        Ok(instance)
+    }
+}
+
+/// `object.__setattr__(target, name, value)`: past the class's `__setattr__`.
+fn force_setattr(
+    target: &Bound<'_, PyAny>,
+    name: &Bound<'_, PyString>,
+    value: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    // SAFETY: three live objects, the GIL held; the call borrows them.
+    let status =
+        unsafe { ffi::PyObject_GenericSetAttr(target.as_ptr(), name.as_ptr(), value.as_ptr()) };
+    if status == 0 {
+        Ok(())
+    } else {
+        Err(PyErr::fetch(target.py()))
+    }
+}
+
+fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Error {
+    Error::InvalidMetadata {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+/// A document's fields as given, before the core validates them.
+struct Given<'a> {
+    descriptors: Vec<GivenDescriptor<'a>>,
+    nixl_metadata: Cow<'a, str>,
+    notification_key: Cow<'a, str>,
+    operation_kind: u64,
+}
+
+/// One descriptor as given: its device string as written.
+struct GivenDescriptor<'a> {
+    device: Cow<'a, str>,
+    ptr: u64,
+    size: u64,
+}
+
+/// The core's metadata from `given`, keeping `nixl_metadata` as given; an
+/// error for anything the core refuses, and for a device string that is not
+/// in the form Dynamo writes (pydantic keeps `"GPU:1"` as `"gpu:1"`, the core
+/// reads it as `cuda:1`: the model would differ).
+fn validated(given: Given<'_>) -> Result<PyMetadata, Error> {
+    let mut descriptors = Vec::with_capacity(given.descriptors.len());
+    let mut last: Option<(&str, Device)> = None;
+    for (i, d) in given.descriptors.iter().enumerate() {
+        let device = match last {
+            Some((text, device)) if text == d.device => device,
+            _ => {
+                let device: Device = d.device.parse()?;
+                if device.to_string() != d.device {
+                    return Err(invalid(
+                        format!("descriptors[{i}].device"),
+                        format!("{:?} is not written as {device}", d.device),
+                    ));
+                }
+                last = Some((&d.device, device));
+                device
+            }
+        };
+        descriptors.push(SerializedDescriptor {
+            device,
+            ptr: d.ptr,
+            size: d.size,
+        });
+    }
+    let operation_kind = match given.operation_kind {
+        1 => OperationKind::Read,
+        2 => OperationKind::Write,
+        other => {
+            return Err(invalid(
+                "operation_kind",
+                format!("{other} is neither 1 (read) nor 2 (write)"),
+            ));
+        }
+    };
+    let agent_metadata = decode_remembered(&given.nixl_metadata)?;
+    let inner = RdmaMetadata::new(
+        operation_kind,
+        descriptors,
+        agent_metadata,
+        given.notification_key.into_owned(),
+    )?;
+    Ok(PyMetadata::with_encoded(
+        inner,
+        given.nixl_metadata.into_owned(),
+    ))
+}
+
+/// The longest `nixl_metadata` string, and the largest blob, that
+/// [`decode_remembered`] remembers (a copy of each stays with the thread).
+const REMEMBERED_MAX: (usize, usize) = (64 << 10, 256 << 10);
+
+thread_local! {
+    /// The `nixl_metadata` string this thread decoded last, and its blob.
+    /// A peer whose registrations do not change (a pool registered once)
+    /// publishes the same agent metadata with every operation, and inflating
+    /// it again cost 4-5 µs: most of a one-descriptor parse.
+    static LAST_DECODED: std::cell::RefCell<Option<(Box<str>, Vec<u8>)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// `decode_agent_metadata`, but the same string as this thread's previous
+/// one costs a comparison and a copy.
+fn decode_remembered(encoded: &str) -> Result<Vec<u8>, Error> {
+    let known = LAST_DECODED
+        .try_with(|last| {
+            last.borrow()
+                .as_ref()
+                .filter(|(text, _)| **text == *encoded)
+                .map(|(_, blob)| blob.clone())
+        })
+        .ok()
+        .flatten();
+    if let Some(blob) = known {
+        return Ok(blob);
+    }
+    let blob = decode_agent_metadata(encoded)?;
+    let (max_text, max_blob) = REMEMBERED_MAX;
+    if encoded.len() <= max_text && blob.len() <= max_blob {
+        // A thread being torn down just does not remember.
+        let _ = LAST_DECODED.try_with(|last| {
+            *last.borrow_mut() = Some((encoded.into(), blob.clone()));
+        });
+    }
+    Ok(blob)
+}
+
+fn exact_json(json: &[u8]) -> Result<PyMetadata, Error> {
+    if json.len() > MAX_JSON_BYTES {
+        return Err(invalid(
+            "json",
+            format!(
+                "{} bytes exceeds the limit of {MAX_JSON_BYTES} bytes",
+                json.len()
+            ),
+        ));
+    }
+    let given: Given<'_> =
+        serde_json::from_slice(json).map_err(|e| invalid("json", e.to_string()))?;
+    validated(given)
+}
+
+fn exact_dict(document: &Bound<'_, PyAny>) -> PyResult<PyMetadata> {
+    let py = document.py();
+    let dict = document
+        .cast_exact::<PyDict>()
+        .map_err(|_| not_exact("the document is not a dict"))?;
+    if dict.len() != DOCUMENT_FIELDS.len() {
+        return Err(not_exact(
+            "the document does not have exactly its four fields",
+        ));
+    }
+    let list = item(dict, intern!(py, "descriptors"))?;
+    let list = list
+        .cast_exact::<PyList>()
+        .map_err(|_| not_exact("descriptors is not a list"))?;
+    if list.len() > MAX_DESCRIPTORS {
+        return Err(to_py(invalid(
+            "descriptors",
+            format!("more than {MAX_DESCRIPTORS} descriptors"),
+        )));
+    }
+    let names = [
+        intern!(py, "device"),
+        intern!(py, "ptr"),
+        intern!(py, "size"),
+    ];
+    // The device strings are borrowed from these objects.
+    let mut devices = Vec::with_capacity(list.len());
+    let mut numbers = Vec::with_capacity(list.len());
+    for entry in list.iter() {
+        let entry = entry
+            .cast_into_exact::<PyDict>()
+            .map_err(|_| not_exact("a descriptor is not a dict"))?;
+        if entry.len() != DESCRIPTOR_FIELDS.len() {
+            return Err(not_exact(
+                "a descriptor does not have exactly its three fields",
+            ));
+        }
+        devices.push(item(&entry, names[0])?);
+        numbers.push((
+            exact_int(&item(&entry, names[1])?, "ptr")?,
+            exact_int(&item(&entry, names[2])?, "size")?,
+        ));
+    }
+    let mut descriptors = Vec::with_capacity(devices.len());
+    for (device, (ptr, size)) in devices.iter().zip(numbers) {
+        descriptors.push(GivenDescriptor {
+            device: Cow::Borrowed(exact_str(device, "device")?),
+            ptr,
+            size,
+        });
+    }
+    let nixl_metadata = item(dict, intern!(py, "nixl_metadata"))?;
+    let notification_key = item(dict, intern!(py, "notification_key"))?;
+    let operation_kind = item(dict, intern!(py, "operation_kind"))?;
+    let given = Given {
+        descriptors,
+        nixl_metadata: Cow::Borrowed(exact_str(&nixl_metadata, "nixl_metadata")?),
+        notification_key: Cow::Borrowed(exact_str(&notification_key, "notification_key")?),
+        operation_kind: exact_int(&operation_kind, "operation_kind")?,
+    };
+    validated(given).map_err(to_py)
+}
+
+/// The `ValueError` of a document `from_dict_exact` leaves to pydantic.
+fn not_exact(what: &str) -> PyErr {
+    PyValueError::new_err(format!(
+        "{what}: not exactly what pydantic would keep as is"
+    ))
+}
+
+/// `dict[name]`; `ValueError` if it is missing.
+fn item<'py>(
+    dict: &Bound<'py, PyDict>,
+    name: &Bound<'py, PyString>,
+) -> PyResult<Bound<'py, PyAny>> {
+    dict.get_item(name)?
+        .ok_or_else(|| not_exact(&format!("no {name}")))
+}
+
+/// The text of an exact `str`; `ValueError` for anything else (subclasses
+/// included) and for a string that is not valid UTF-8 (lone surrogates).
+fn exact_str<'a>(value: &'a Bound<'_, PyAny>, what: &str) -> PyResult<&'a str> {
+    value
+        .cast_exact::<PyString>()
+        .map_err(|_| not_exact(what))?
+        .to_str()
+        .map_err(|_| not_exact(what))
+}
+
+/// The value of an exact `int` within `u64`; `ValueError` for anything else
+/// (`bool` too).
+fn exact_int(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
+    if !value.is_exact_instance_of::<PyInt>() {
+        return Err(not_exact(what));
+    }
+    value.extract::<u64>().map_err(|_| not_exact(what))
+}
+
+// What `from_json_exact` reads. Written by hand rather than derived: serde's
+// derived structs also read arrays (`[[...], "b64:...", "key", 1]`), which
+// pydantic refuses.
+
+/// A field name of the document or of a descriptor.
+enum Field {
+    Descriptors,
+    NixlMetadata,
+    NotificationKey,
+    OperationKind,
+    Device,
+    Ptr,
+    Size,
+}
+
+const DOCUMENT_FIELDS: &[&str] = &[
+    "descriptors",
+    "nixl_metadata",
+    "notification_key",
+    "operation_kind",
+];
+const DESCRIPTOR_FIELDS: &[&str] = &["device", "ptr", "size"];
+
+impl Field {
+    fn name(&self) -> &'static str {
+        match self {
+            Field::Descriptors => "descriptors",
+            Field::NixlMetadata => "nixl_metadata",
+            Field::NotificationKey => "notification_key",
+            Field::OperationKind => "operation_kind",
+            Field::Device => "device",
+            Field::Ptr => "ptr",
+            Field::Size => "size",
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Field {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Field, D::Error> {
+        struct Names;
+        impl Visitor<'_> for Names {
+            type Value = Field;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a field name")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Field, E> {
+                Ok(match v {
+                    "descriptors" => Field::Descriptors,
+                    "nixl_metadata" => Field::NixlMetadata,
+                    "notification_key" => Field::NotificationKey,
+                    "operation_kind" => Field::OperationKind,
+                    "device" => Field::Device,
+                    "ptr" => Field::Ptr,
+                    "size" => Field::Size,
+                    other => return Err(E::unknown_field(other, DOCUMENT_FIELDS)),
+                })
+            }
+        }
+        deserializer.deserialize_identifier(Names)
+    }
+}
+
+/// A string, borrowed from the input unless it has escapes.
+struct Text<'a>(Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for Text<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Text<'de>, D::Error> {
+        struct Strings;
+        impl<'de> Visitor<'de> for Strings {
+            type Value = Text<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(v.to_owned())))
+            }
+        }
+        deserializer.deserialize_str(Strings)
+    }
+}
+
+/// Sets a field read once; an error if it was already read.
+fn once<T, E: de::Error>(slot: &mut Option<T>, name: &'static str, value: T) -> Result<(), E> {
+    if slot.is_some() {
+        return Err(E::duplicate_field(name));
+    }
+    *slot = Some(value);
+    Ok(())
+}
+
+impl<'de> Deserialize<'de> for Given<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Given<'de>, D::Error> {
+        struct Document;
+        impl<'de> Visitor<'de> for Document {
+            type Value = Given<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an RdmaMetadata object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Given<'de>, A::Error> {
+                let (mut descriptors, mut nixl_metadata, mut notification_key, mut kind) =
+                    (None, None, None, None);
+                while let Some(field) = map.next_key::<Field>()? {
+                    match field {
+                        Field::Descriptors => once(
+                            &mut descriptors,
+                            "descriptors",
+                            map.next_value::<Descriptors<'de>>()?.0,
+                        )?,
+                        Field::NixlMetadata => once(
+                            &mut nixl_metadata,
+                            "nixl_metadata",
+                            map.next_value::<Text<'de>>()?.0,
+                        )?,
+                        Field::NotificationKey => once(
+                            &mut notification_key,
+                            "notification_key",
+                            map.next_value::<Text<'de>>()?.0,
+                        )?,
+                        Field::OperationKind => {
+                            once(&mut kind, "operation_kind", map.next_value::<u64>()?)?;
+                        }
+                        Field::Device | Field::Ptr | Field::Size => {
+                            return Err(de::Error::unknown_field(field.name(), DOCUMENT_FIELDS));
+                        }
+                    }
+                }
+                Ok(Given {
+                    descriptors: descriptors
+                        .ok_or_else(|| de::Error::missing_field("descriptors"))?,
+                    nixl_metadata: nixl_metadata
+                        .ok_or_else(|| de::Error::missing_field("nixl_metadata"))?,
+                    notification_key: notification_key
+                        .ok_or_else(|| de::Error::missing_field("notification_key"))?,
+                    operation_kind: kind
+                        .ok_or_else(|| de::Error::missing_field("operation_kind"))?,
+                })
+            }
+        }
+        deserializer.deserialize_map(Document)
+    }
+}
+
+/// The descriptor list, stopped at [`MAX_DESCRIPTORS`] before it grows past.
+struct Descriptors<'a>(Vec<GivenDescriptor<'a>>);
+
+impl<'de> Deserialize<'de> for Descriptors<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Descriptors<'de>, D::Error> {
+        struct List;
+        impl<'de> Visitor<'de> for List {
+            type Value = Descriptors<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "a list of at most {MAX_DESCRIPTORS} descriptors")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Descriptors<'de>, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1024));
+                while let Some(d) = seq.next_element::<GivenDescriptor<'de>>()? {
+                    if out.len() == MAX_DESCRIPTORS {
+                        return Err(de::Error::custom(format_args!(
+                            "more than {MAX_DESCRIPTORS} descriptors"
+                        )));
+                    }
+                    out.push(d);
+                }
+                Ok(Descriptors(out))
+            }
+        }
+        deserializer.deserialize_seq(List)
+    }
+}
+
+impl<'de> Deserialize<'de> for GivenDescriptor<'de> {
+    fn deserialize<D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<GivenDescriptor<'de>, D::Error> {
+        struct Descriptor;
+        impl<'de> Visitor<'de> for Descriptor {
+            type Value = GivenDescriptor<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a SerializedDescriptor object")
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<GivenDescriptor<'de>, A::Error> {
+                let (mut device, mut ptr, mut size) = (None, None, None);
+                while let Some(field) = map.next_key::<Field>()? {
+                    match field {
+                        Field::Device => {
+                            once(&mut device, "device", map.next_value::<Text<'de>>()?.0)?;
+                        }
+                        Field::Ptr => once(&mut ptr, "ptr", map.next_value::<u64>()?)?,
+                        Field::Size => once(&mut size, "size", map.next_value::<u64>()?)?,
+                        other => {
+                            return Err(de::Error::unknown_field(other.name(), DESCRIPTOR_FIELDS));
+                        }
+                    }
+                }
+                Ok(GivenDescriptor {
+                    device: device.ok_or_else(|| de::Error::missing_field("device"))?,
+                    ptr: ptr.ok_or_else(|| de::Error::missing_field("ptr"))?,
+                    size: size.ok_or_else(|| de::Error::missing_field("size"))?,
+                })
+            }
+        }
+        deserializer.deserialize_map(Descriptor)
     }
 }

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import base64
+import inspect
 import logging
 import operator
 import os
@@ -304,18 +305,69 @@ class RdmaMetadata(BaseModel):
             )
         return v
 
+    # The fast path (docs/decisions/0011, §6): what pydantic does, without
+    # running Python for every descriptor. The native parser reads only
+    # documents pydantic would read into the very same model and refuses the
+    # rest, which pydantic then reads (or refuses, with its own
+    # `ValidationError`) exactly as before; the model is built natively, as
+    # pydantic-core builds a validated one, and remembers its native twin,
+    # whose JSON is what pydantic would write. Any option, a subclass, or a
+    # model nested in another goes through pydantic as before.
+
+    @classmethod
+    def model_validate_json(cls, json_data: str | bytes | bytearray, **options: Any) -> Self:
+        """pydantic's `model_validate_json`: the same model, or the same
+        `ValidationError`."""
+        if cls is RdmaMetadata and _default_options(options, _VALIDATE_JSON_OPTIONS):
+            try:
+                native = _native.Metadata.from_json_exact(json_data)
+            except (ValueError, TypeError):
+                pass
+            else:
+                return cast("Self", _model_of(native))
+        return super().model_validate_json(json_data, **options)
+
+    @classmethod
+    def model_validate(cls, obj: Any, **options: Any) -> Self:
+        """pydantic's `model_validate`: the same model, or the same
+        `ValidationError`."""
+        if (
+            cls is RdmaMetadata
+            and type(obj) is dict
+            and _default_options(options, _VALIDATE_OPTIONS)
+        ):
+            try:
+                native = _native.Metadata.from_dict_exact(obj)
+            except ValueError:
+                pass
+            else:
+                return cast("Self", _model_of(native))
+        return super().model_validate(obj, **options)
+
+    def model_dump_json(self, **options: Any) -> str:
+        """pydantic's `model_dump_json`, byte for byte."""
+        if not options and type(self) is RdmaMetadata:
+            native = _twin_of(self, exact=True)
+            if native is not None:
+                return native.to_json()
+        return super().model_dump_json(**options)
+
 
 # The validated native form of each RdmaMetadata object, by identity, for as
 # long as the object lives: metadata made in this process (or parsed once) is
 # not encoded and parsed again for every operation. The models are frozen, but
 # their `descriptors` list can be edited in place: the entry keeps the items it
 # was made from and is used only while the list still holds exactly those.
+# An exact twin (the model was built from it) also writes the model's JSON.
 _native_metadata: dict[
-    int, tuple[weakref.ref[RdmaMetadata], tuple[SerializedDescriptor, ...], _native.Metadata]
+    int,
+    tuple[
+        weakref.ref[RdmaMetadata], tuple[SerializedDescriptor, ...], _native.Metadata, bool
+    ],
 ] = {}
 
 
-def _remember_native(metadata: RdmaMetadata, native: _native.Metadata) -> None:
+def _remember_native(metadata: RdmaMetadata, native: _native.Metadata, exact: bool) -> None:
     key = id(metadata)
 
     def forget(ref: weakref.ref[RdmaMetadata], key: int = key) -> None:
@@ -324,19 +376,70 @@ def _remember_native(metadata: RdmaMetadata, native: _native.Metadata) -> None:
             del _native_metadata[key]
 
     items = tuple(metadata.descriptors)
-    _native_metadata[key] = (weakref.ref(metadata, forget), items, native)
+    _native_metadata[key] = (weakref.ref(metadata, forget), items, native, exact)
+
+
+def _twin_of(metadata: RdmaMetadata, exact: bool) -> Optional[_native.Metadata]:
+    """The remembered native form of `metadata` while it still holds what it
+    was made from; with `exact`, only a twin that writes the model's JSON."""
+    entry = _native_metadata.get(id(metadata))
+    if entry is None or entry[0]() is not metadata:
+        return None
+    _, items, native, is_exact = entry
+    if exact and not is_exact:
+        return None
+    current = metadata.descriptors
+    if len(items) != len(current) or not all(map(operator.is_, items, current)):
+        return None
+    if is_exact:
+        # Frozen, but `object.__setattr__` can still change a field.
+        kind = metadata.operation_kind
+        if (
+            type(kind) is not int
+            or kind != native.operation_kind
+            or metadata.nixl_metadata != native.nixl_metadata
+            or metadata.notification_key != native.notification_key
+        ):
+            return None
+    return native
 
 
 def _native_of(metadata: RdmaMetadata) -> _native.Metadata:
-    entry = _native_metadata.get(id(metadata))
-    if entry is not None and entry[0]() is metadata:
-        items, current = entry[1], metadata.descriptors
-        if len(items) == len(current) and all(map(operator.is_, items, current)):
-            return entry[2]
+    native = _twin_of(metadata, exact=False)
+    if native is not None:
+        return native
     native = _native.Metadata.from_json(metadata.model_dump_json())
     if isinstance(metadata, RdmaMetadata):
-        _remember_native(metadata, native)
+        _remember_native(metadata, native, exact=False)
     return native
+
+
+def _model_of(native: _native.Metadata) -> RdmaMetadata:
+    """The model of `native`, built without validation, and remembered."""
+    model = cast(RdmaMetadata, native.model(RdmaMetadata, SerializedDescriptor))
+    _remember_native(model, native, exact=True)
+    return model
+
+
+def _options_of(method: Any) -> frozenset[str]:
+    """The keyword options of a pydantic method (they differ by version)."""
+    return frozenset(
+        name
+        for name, p in inspect.signature(method).parameters.items()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    )
+
+
+_VALIDATE_OPTIONS = _options_of(BaseModel.model_validate)
+_VALIDATE_JSON_OPTIONS = _options_of(BaseModel.model_validate_json)
+
+
+def _default_options(options: dict[str, Any], known: frozenset[str]) -> bool:
+    """Whether `options` asks for nothing but pydantic's defaults (all of
+    which are `None`): an unknown one goes to pydantic, which refuses it."""
+    return not options or (
+        all(value is None for value in options.values()) and options.keys() <= known
+    )
 
 
 def _is_metadata(value: Any) -> bool:
@@ -615,12 +718,10 @@ class PassiveOperation(AbstractOperation):
         cached = self._metadata.get(hex_encode)
         if cached is not None:
             return cached
-        metadata = RdmaMetadata.model_validate_json(cast(str, self._native.metadata_json()))
+        metadata = _model_of(cast(_native.Metadata, self._native.metadata()))
         if hex_encode:
             raw = base64.b64decode(metadata.nixl_metadata[len("b64:") :])
             metadata = metadata.model_copy(update={"nixl_metadata": raw.hex()})
-        else:
-            _remember_native(metadata, cast(_native.Metadata, self._native.metadata()))
         self._metadata[hex_encode] = metadata
         return metadata
 

@@ -152,14 +152,35 @@ class Descriptor:
 
 @final
 class Metadata:
-    """Validated ``RdmaMetadata``; made by `from_json` or `Operation.metadata`."""
+    """Validated ``RdmaMetadata``; made by `from_json`, `from_json_exact`,
+    `from_dict_exact` or `Operation.metadata`."""
 
     @staticmethod
-    def from_json(json: str) -> Metadata:
+    def from_json(json: str | bytes | bytearray) -> Metadata:
         """Parses Dynamo's JSON; ``ValueError`` if invalid or over the bounds."""
 
+    @staticmethod
+    def from_json_exact(json: str | bytes | bytearray) -> Metadata:
+        """Parses only a document pydantic reads into the model `model`
+        builds (every field present once, objects, devices as Dynamo writes
+        them), validated as `from_json`; ``ValueError`` otherwise."""
+
+    @staticmethod
+    def from_dict_exact(document: object) -> Metadata:
+        """`from_json_exact` for a ``dict`` of exact ``dict``, ``list``,
+        ``str`` and ``int`` objects; ``ValueError`` otherwise."""
+
     def to_json(self) -> str:
-        """Dynamo's JSON."""
+        """Dynamo's JSON: what pydantic writes for the model `model` builds."""
+
+    def model(self, cls: type[object], descriptor_cls: type[object]) -> object:
+        """The metadata as an instance of `cls` (``RdmaMetadata``) holding
+        instances of `descriptor_cls` (``SerializedDescriptor``), built as
+        pydantic-core builds validated ones, without validation."""
+
+    @property
+    def nixl_metadata(self) -> str:
+        """``nixl_metadata`` as `to_json` writes it."""
 
     @property
     def operation_kind(self) -> int:
