@@ -19,15 +19,17 @@ xflags::xflags! {
             /// conformance, the Python suite on loopback (3.11). CI runs the full set.
             optional --quick
         }
-        /// Move KV-cache-like blocks both ways and report bandwidth (release build).
+        /// The KV-cache pattern: one registered arena per side, many requests
+        /// of runs and scattered blocks both ways, CRC-checked; requests/s,
+        /// GB/s, p50/p99 (release build).
         cmd demo {
             /// loopback (the default) or nixl.
             optional --backend name: String
-            /// Blocks per transfer (default 64).
+            /// Blocks in each side's arena (default 256).
             optional --blocks n: usize
-            /// Bytes per block (default 262144).
+            /// Bytes per block (default 65536).
             optional --block-size bytes: usize
-            /// Transfers each way (default 5).
+            /// Requests to serve, each both ways (default 400).
             optional --iterations n: usize
         }
         /// memcpy / loopback / nixl / raw nixl-sys, in and across processes, then
