@@ -231,16 +231,24 @@ impl Connector {
     /// - `remote` must be a readable's metadata (`operation_kind` 1), else
     ///   [`Error::OperationKindMismatch`];
     /// - `local` has as many descriptors as `remote` ([`Error::DescriptorCountMismatch`]),
-    ///   and descriptor `i` of each is the same size ([`Error::SizeMismatch`]):
-    ///   bytes move descriptor by descriptor, never split or gathered;
+    ///   and descriptor `i` of each moves the same number of bytes: local
+    ///   [`size`](Descriptor::size) equals remote `size` ([`Error::SizeMismatch`]).
+    ///   Bytes move descriptor by descriptor, never split or gathered (a
+    ///   backend may merge neighbours into one transfer descriptor below
+    ///   that; the pairs stay the same);
     /// - each side's descriptors are all on one kind of device ([`Error::MixedDevices`]);
     /// - local descriptors are writable ([`Error::ReadOnlyBuffer`]) and not
     ///   registered with another connector ([`Error::RegisteredElsewhere`]).
     ///
-    /// A peer that publishes one large descriptor is read into one local
-    /// descriptor of that size (say a `Vec<u8>`), which you split after
-    /// [`into_descriptors`](crate::ReadOperation::into_descriptors); to read part of a
-    /// peer's region, the peer must publish that part as a descriptor of its own.
+    /// A local descriptor may hold more than it receives: set its size to its
+    /// partner's ([`Descriptor::set_size`]), or let
+    /// [`begin_read_fit`](Self::begin_read_fit) do it. The bytes past the
+    /// size are not written, and `size()` of what comes back says what
+    /// arrived. A peer that publishes one large descriptor is read into one
+    /// local descriptor of that size, which you may split afterwards
+    /// ([`Descriptor::split_off`]); to read part of a peer's region, the peer
+    /// publishes that part as a descriptor of its own (a view, with
+    /// [`Descriptor::set_size`] for a prefix).
     pub fn begin_read(
         &self,
         remote: &RdmaMetadata,
@@ -289,7 +297,10 @@ impl Connector {
     /// The pairing rules are [`begin_read`](Self::begin_read)'s, with `remote` a
     /// writable's metadata (`operation_kind` 2) and `local` allowed to be
     /// read-only (`bytes::Bytes`). To fill a peer's one large descriptor, write
-    /// one local descriptor of that size.
+    /// one local descriptor of that size. Sizes must be equal here too: a
+    /// writable learns nothing but the notification key, so a shorter write
+    /// would leave stale bytes it cannot tell from data; the writable's side
+    /// sets its descriptors' sizes to what it expects.
     pub fn begin_write(
         &self,
         local: impl Into<Vec<Descriptor>>,
