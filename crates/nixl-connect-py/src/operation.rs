@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use descriptor_core::{
     Completion, Descriptor, Error, OperationStatus, RdmaMetadata, ReadOperation, ReadableOperation,
-    WritableOperation, WriteOperation,
+    SerializedDescriptor, WritableOperation, WriteOperation,
 };
 use pyo3::exceptions::{PyRuntimeError, PyTimeoutError};
 use pyo3::prelude::*;
@@ -162,19 +162,41 @@ impl Loan {
     }
 }
 
+/// Metadata a passive operation publishes, and its JSON once asked for
+/// (encoding compresses the agent blob, so it is done only if needed).
+#[derive(Clone)]
+struct Published {
+    metadata: Arc<RdmaMetadata>,
+    json: Arc<OnceLock<String>>,
+}
+
+impl Published {
+    fn new(metadata: RdmaMetadata) -> Published {
+        Published {
+            metadata: Arc::new(metadata),
+            json: Arc::new(OnceLock::new()),
+        }
+    }
+
+    fn json(&self) -> &str {
+        self.json.get_or_init(|| self.metadata.to_json())
+    }
+}
+
 /// A native operation (`nixl_connect`'s four operation classes wrap it).
 #[pyclass(frozen, module = "nixl_connect._native", name = "Operation")]
 pub(crate) struct PyOperation {
     loan: Arc<Loan>,
-    /// A passive operation's metadata, and its JSON once asked for (encoding
-    /// compresses the agent blob, so it is done only if needed).
-    metadata: Option<Arc<RdmaMetadata>>,
-    metadata_json: OnceLock<String>,
+    /// A passive operation's metadata as exposed.
+    exposed: Option<Published>,
+    /// The exposed metadata with the sizes its descriptors were lowered to
+    /// since (Dynamo's `_data_size`), and those sizes.
+    narrowed: Mutex<Option<(Vec<u64>, Published)>>,
 }
 
 impl PyOperation {
     pub(crate) fn new(op: AnyOp, descriptors: Vec<Py<PyDescriptor>>) -> PyOperation {
-        let metadata = op.metadata().map(|m| Arc::new(m.clone()));
+        let exposed = op.metadata().map(|m| Published::new(m.clone()));
         let loan = Arc::new(Loan {
             op: Mutex::new(Some(Arc::new(op))),
             final_status: AtomicU8::new(NO_STATUS),
@@ -186,9 +208,65 @@ impl PyOperation {
         }
         PyOperation {
             loan,
-            metadata,
-            metadata_json: OnceLock::new(),
+            exposed,
+            narrowed: Mutex::new(None),
         }
+    }
+
+    /// What a passive operation publishes now (`None` for an active one):
+    /// the exposed metadata, or, once its descriptors' sizes were lowered
+    /// (Dynamo's pooled senders set `_data_size` on a live readable and ask
+    /// for its metadata again), the same exposure and key with those sizes:
+    /// the peer moves a prefix of each exposed range. `RuntimeError` if a
+    /// size grew past what is exposed (a live operation cannot expose more).
+    fn published(&self) -> PyResult<Option<Published>> {
+        let Some(exposed) = &self.exposed else {
+            return Ok(None);
+        };
+        let published = exposed.metadata.descriptors();
+        let sizes: Vec<u64> = self
+            .loan
+            .descriptors
+            .iter()
+            .map(|d| d.get().transfer_size() as u64)
+            .collect();
+        if sizes.len() != published.len() || sizes.iter().zip(published).all(|(&n, d)| n == d.size)
+        {
+            return Ok(Some(exposed.clone()));
+        }
+        if let Some((index, (n, d))) = sizes
+            .iter()
+            .zip(published)
+            .enumerate()
+            .find(|(_, (n, d))| **n > d.size)
+        {
+            return Err(PyRuntimeError::new_err(format!(
+                "descriptor {index} is {n} bytes now, but this operation exposes {} of it: a live \
+                 operation cannot expose more (re-arm it once it completed, or make a new one)",
+                d.size
+            )));
+        }
+        let mut narrowed = self.narrowed.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((cached, published)) = &*narrowed
+            && *cached == sizes
+        {
+            return Ok(Some(published.clone()));
+        }
+        let descriptors = published
+            .iter()
+            .zip(&sizes)
+            .map(|(d, &size)| SerializedDescriptor { size, ..*d })
+            .collect();
+        let metadata = RdmaMetadata::new(
+            exposed.metadata.operation_kind(),
+            descriptors,
+            exposed.metadata.agent_metadata().to_vec(),
+            exposed.metadata.notification_key().to_owned(),
+        )
+        .map_err(to_py)?;
+        let made = Published::new(metadata);
+        *narrowed = Some((sizes, made.clone()));
+        Ok(Some(made))
     }
 
     /// The core operation, while it has not been handed back.
@@ -380,15 +458,15 @@ impl PyOperation {
         self.loan.lock().is_none()
     }
 
-    /// A passive operation's metadata, as Dynamo's JSON.
-    fn metadata_json(&self) -> Option<&str> {
-        let metadata = self.metadata.as_ref()?;
-        Some(self.metadata_json.get_or_init(|| metadata.to_json()))
+    /// A passive operation's metadata, as Dynamo's JSON (with the sizes its
+    /// descriptors have now, if lowered since it was made).
+    fn metadata_json(&self) -> PyResult<Option<String>> {
+        Ok(self.published()?.map(|p| p.json().to_owned()))
     }
 
     /// A passive operation's metadata, parsed (for `begin_*` in this process).
-    fn metadata(&self) -> Option<PyMetadata> {
-        self.metadata.clone().map(PyMetadata::from_arc)
+    fn metadata(&self) -> PyResult<Option<PyMetadata>> {
+        Ok(self.published()?.map(|p| PyMetadata::from_arc(p.metadata)))
     }
 
     /// Number of descriptors.
