@@ -64,7 +64,7 @@ def test_await_spin_is_checked(monkeypatch):
     monkeypatch.delenv("NIXL_CONNECT_AWAIT_SPIN", raising=False)
     # The default is the backend's wait_assist (loopback's: none), capped.
     loopback = nc.Connector(backend="loopback")
-    assert loopback.await_spin == loopback._connection().wait_assist == 0.0
+    assert loopback.await_spin == loopback._native_connector().wait_assist == 0.0
     assert nc.Connector(backend="loopback", await_spin=0).await_spin == 0.0
     assert nc.Connector(backend="loopback", await_spin=0.001).await_spin == 0.001
     for bad in (-1e-6, float("nan"), float("inf"), 0.5):
@@ -106,7 +106,7 @@ def test_nixl_await_spin_default_is_its_wait_assist_capped(monkeypatch):
     monkeypatch.delenv("NIXL_CONNECT_AWAIT_SPIN", raising=False)
     c = nc.Connector(backend="nixl")
     # NIXL's waiter polls for 200 us; an await holds the loop for at most 100.
-    assert c._connection().wait_assist == 200e-6
+    assert c._native_connector().wait_assist == 200e-6
     assert c.await_spin == nc.AWAIT_SPIN_CAP == 100e-6
     # A number, or the environment, overrides it.
     assert nc.Connector(backend="nixl", await_spin=3e-4).await_spin == 3e-4
