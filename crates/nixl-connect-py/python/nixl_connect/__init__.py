@@ -754,12 +754,6 @@ class AbstractOperation(ABC):
     """
 
     _KIND = OperationKind.UNSPECIFIED
-    _connection: Connection
-    _connector: Connector
-    _operation_kind: OperationKind
-    _native: _native.Operation
-    _local_desc_list: list[Descriptor]
-    _single: bool
 
     def _setup(
         self,
@@ -770,12 +764,12 @@ class AbstractOperation(ABC):
     ) -> None:
         """Binds the operation to `native`, the native operation over
         `local_descriptors` that `connection`'s connector made."""
-        self._connection = connection
-        self._connector = connection.connector
-        self._operation_kind = self._KIND
-        self._native = native
-        self._local_desc_list = local_descriptors
-        self._single = single
+        self._connection: Connection = connection
+        self._connector: Connector = connection.connector
+        self._operation_kind: OperationKind = self._KIND
+        self._native: _native.Operation = native
+        self._local_desc_list: list[Descriptor] = local_descriptors
+        self._single: bool = single
 
     @classmethod
     def _wrap(
@@ -802,6 +796,8 @@ class AbstractOperation(ABC):
         self._native.reclaim_now()
 
     def __repr__(self) -> str:
+        if getattr(self, "_native", None) is None:
+            return f"{self.__class__.__name__}(<not made>)"
         return (
             f"{self.__class__.__name__}(operation_kind={self._operation_kind}, "
             f"local_descriptors={self._local_desc_list}, status='{self.status}')"
