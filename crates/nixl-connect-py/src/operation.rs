@@ -11,6 +11,7 @@ use descriptor_core::{
 };
 use pyo3::exceptions::{PyRuntimeError, PyTimeoutError};
 use pyo3::prelude::*;
+use pyo3::types::PyString;
 
 use crate::descriptor::PyDescriptor;
 use crate::error::to_py;
@@ -213,6 +214,20 @@ impl PyOperation {
         }
     }
 
+    /// Whether the descriptors' sizes are still those exposed (what a
+    /// passive operation publishes then is its exposed metadata).
+    fn as_exposed(&self) -> bool {
+        let Some(exposed) = &self.exposed else {
+            return true;
+        };
+        let published = exposed.metadata.descriptors();
+        published.len() != self.loan.descriptors.len()
+            || published
+                .iter()
+                .zip(&self.loan.descriptors)
+                .all(|(p, d)| p.size == d.get().transfer_size() as u64)
+    }
+
     /// What a passive operation publishes now (`None` for an active one):
     /// the exposed metadata, or, once its descriptors' sizes were lowered
     /// (Dynamo's pooled senders set `_data_size` on a live readable and ask
@@ -223,6 +238,9 @@ impl PyOperation {
         let Some(exposed) = &self.exposed else {
             return Ok(None);
         };
+        if self.as_exposed() {
+            return Ok(Some(exposed.clone()));
+        }
         let published = exposed.metadata.descriptors();
         let sizes: Vec<u64> = self
             .loan
@@ -230,10 +248,6 @@ impl PyOperation {
             .iter()
             .map(|d| d.get().transfer_size() as u64)
             .collect();
-        if sizes.len() != published.len() || sizes.iter().zip(published).all(|(&n, d)| n == d.size)
-        {
-            return Ok(Some(exposed.clone()));
-        }
         if let Some((index, (n, d))) = sizes
             .iter()
             .zip(published)
@@ -460,12 +474,18 @@ impl PyOperation {
 
     /// A passive operation's metadata, as Dynamo's JSON (with the sizes its
     /// descriptors have now, if lowered since it was made).
-    fn metadata_json(&self) -> PyResult<Option<String>> {
-        Ok(self.published()?.map(|p| p.json().to_owned()))
+    fn metadata_json<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyString>>> {
+        if let (Some(exposed), true) = (&self.exposed, self.as_exposed()) {
+            return Ok(Some(PyString::new(py, exposed.json())));
+        }
+        Ok(self.published()?.map(|p| PyString::new(py, p.json())))
     }
 
     /// A passive operation's metadata, parsed (for `begin_*` in this process).
     fn metadata(&self) -> PyResult<Option<PyMetadata>> {
+        if let (Some(exposed), true) = (&self.exposed, self.as_exposed()) {
+            return Ok(Some(PyMetadata::from_arc(Arc::clone(&exposed.metadata))));
+        }
         Ok(self.published()?.map(|p| PyMetadata::from_arc(p.metadata)))
     }
 

@@ -336,6 +336,25 @@ def test_operations_are_built_from_a_connection(backend):
     assert bytes(target) == b"w" * 64
 
 
+def test_a_native_operation_is_wrapped_without_its_constructor():
+    passive, active = nc.Connector(backend="loopback"), nc.Connector(backend="loopback")
+    d = nc.Descriptor(b"n" * 32)
+    target = bytearray(32)
+
+    async def go():
+        connection = await passive._create_connection()
+        native = connection._native_connector().create_readable([d._native])
+        readable = nc.ReadableOperation._wrap(connection, native, [d], True)
+        assert readable.connection is connection and readable.operation_kind == nc.OperationKind.READ
+        read = await active.begin_read(readable.metadata(), nc.Descriptor(target))
+        await read.wait_for_completion()
+        await readable.wait_for_completion()
+        assert readable.status == nc.OperationStatus.COMPLETE
+
+    run(go())
+    assert bytes(target) == b"n" * 32
+
+
 def test_a_subclass_create_connection_is_what_operations_use():
     made = []
 

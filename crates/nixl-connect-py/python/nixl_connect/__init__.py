@@ -159,6 +159,8 @@ class OperationStatus(IntEnum):
 
 
 _TERMINAL = (OperationStatus.COMPLETE, OperationStatus.CANCELLED, OperationStatus.ERRORED)
+# `OperationKind`'s values as plain ints (an enum's `.value` costs a lookup).
+_READ, _WRITE = int(OperationKind.READ), int(OperationKind.WRITE)
 _STATUSES = tuple(OperationStatus)
 
 
@@ -761,11 +763,13 @@ class AbstractOperation(ABC):
         native: _native.Operation,
         local_descriptors: list[Descriptor],
         single: bool,
+        connector: Optional[Connector] = None,
     ) -> None:
         """Binds the operation to `native`, the native operation over
-        `local_descriptors` that `connection`'s connector made."""
+        `local_descriptors` that `connection`'s connector (`connector`, if
+        the caller has it) made."""
         self._connection: Connection = connection
-        self._connector: Connector = connection.connector
+        self._connector: Connector = connection.connector if connector is None else connector
         self._operation_kind: OperationKind = self._KIND
         self._native: _native.Operation = native
         self._local_desc_list: list[Descriptor] = local_descriptors
@@ -905,20 +909,29 @@ class AbstractOperation(ABC):
 class ActiveOperation(AbstractOperation):
     """An operation that moves bytes to or from a peer's passive operation."""
 
-    _remote_metadata: RdmaMetadata
+    # The peer's agent metadata (not the whole `RdmaMetadata`: a model kept
+    # by the operation would outlive its caller's use of it).
+    _remote_nixl_metadata: str
     _remote: Optional[Remote] = None
 
     @property
     def remote(self) -> Remote:
         """The peer, as Dynamo's `Remote` names it."""
         if self._remote is None:
-            self._remote = Remote(self._connection, self._remote_metadata.nixl_metadata)
+            self._remote = Remote(self._connection, self._remote_nixl_metadata)
         return self._remote
 
 
 def _check_connection(connection: Any) -> None:
-    if not isinstance(connection, Connection):
+    if type(connection) is not Connection and not isinstance(connection, Connection):
         raise TypeError("Argument `connection` must be `dynamo.nixl_connect.Connection`.")
+
+
+def _local(value: Any) -> tuple[list[Descriptor], bool]:
+    """`_descriptor_list(value)` and whether `value` was one descriptor."""
+    if type(value) is Descriptor:
+        return [value], True
+    return _descriptor_list(value), isinstance(value, Descriptor)
 
 
 class PassiveOperation(AbstractOperation):
@@ -948,8 +961,9 @@ class PassiveOperation(AbstractOperation):
         native: _native.Operation,
         local_descriptors: list[Descriptor],
         single: bool,
+        connector: Optional[Connector] = None,
     ) -> None:
-        super()._setup(connection, native, local_descriptors, single)
+        AbstractOperation._setup(self, connection, native, local_descriptors, single, connector)
         self._metadata = {}
         self._warned = False
         _live_passive.add(self)
@@ -959,14 +973,15 @@ class PassiveOperation(AbstractOperation):
     ) -> None:
         """Dynamo's constructor: exposes `local_descriptors` through `connection`."""
         _check_connection(connection)
-        local = _descriptor_list(local_descriptors)
+        local, single = _local(local_descriptors)
+        connector = connection.connector
         native = self._exposed(connection, local)
-        self._setup(connection, native, local, isinstance(local_descriptors, Descriptor))
+        self._setup(connection, native, local, single, connector)
 
     def _exposed(self, connection: Connection, local: list[Descriptor]) -> _native.Operation:
         connector = connection._native_connector()
         descriptors = [d._native for d in local]
-        if self._KIND == OperationKind.READ:
+        if self._KIND == _READ:
             return connector.create_readable(descriptors)
         return connector.create_writable(descriptors)
 
@@ -1079,18 +1094,19 @@ class ReadOperation(ActiveOperation):
         local_descriptors: Descriptor | list[Descriptor],
     ) -> None:
         _check_connection(connection)
-        if not _is_metadata(remote_metadata):
+        if type(remote_metadata) is not RdmaMetadata and not _is_metadata(remote_metadata):
             raise TypeError(
                 "Argument `remote_metadata` must be `dynamo.nixl_connect.RdmaMetadata`."
             )
-        if remote_metadata.operation_kind != OperationKind.READ.value:
+        if remote_metadata.operation_kind != _READ:
             raise ValueError("Argument `remote_metadata` must be of kind `READ`.")
-        local = _descriptor_list(local_descriptors)
+        local, single = _local(local_descriptors)
+        connector = connection.connector
         native = connection._native_connector().begin_read(
             _native_of(remote_metadata), [d._native for d in local]
         )
-        self._setup(connection, native, local, isinstance(local_descriptors, Descriptor))
-        self._remote_metadata = remote_metadata
+        self._setup(connection, native, local, single, connector)
+        self._remote_nixl_metadata = remote_metadata.nixl_metadata
 
     def results(self) -> list[Descriptor]:
         """The local descriptors, which now hold the data; ``RuntimeError`` before completion."""
@@ -1115,18 +1131,19 @@ class WriteOperation(ActiveOperation):
         remote_metadata: RdmaMetadata,
     ) -> None:
         _check_connection(connection)
-        if not _is_metadata(remote_metadata):
+        if type(remote_metadata) is not RdmaMetadata and not _is_metadata(remote_metadata):
             raise TypeError(
                 "Argument `remote_metadata` must be `dynamo.nixl_connect.RdmaMetadata`."
             )
-        if remote_metadata.operation_kind != OperationKind.WRITE.value:
+        if remote_metadata.operation_kind != _WRITE:
             raise ValueError("Argument `remote_metadata` must be of kind `WRITE`.")
-        local = _descriptor_list(local_descriptors)
+        local, single = _local(local_descriptors)
+        connector = connection.connector
         native = connection._native_connector().begin_write(
             [d._native for d in local], _native_of(remote_metadata)
         )
-        self._setup(connection, native, local, isinstance(local_descriptors, Descriptor))
-        self._remote_metadata = remote_metadata
+        self._setup(connection, native, local, single, connector)
+        self._remote_nixl_metadata = remote_metadata.nixl_metadata
 
 
 class ReadableOperation(PassiveOperation):
@@ -1223,6 +1240,7 @@ class Connection:
             raise ValueError("Argument `number` must be greater than 0.")
         self._connector: Optional[Connector] = connector
         self._connector_ref: Optional[weakref.ref[Connector]] = None
+        self._native: Optional[_native.Connector] = None
         self._is_initialized = False
         self._name = f"{connector.name}-{number}"
         self._remote_refs: dict[str, int] = {}
@@ -1284,7 +1302,10 @@ class Connection:
 
     def _native_connector(self) -> _native.Connector:
         """The connector's native connector (made on first use)."""
-        return self.connector._native_connector()
+        native = self._native
+        if native is None:
+            native = self._native = self.connector._native_connector()
+        return native
 
 
 class Remote:
@@ -1532,8 +1553,9 @@ class Connector:
 
     async def _create_connection(self) -> Connection:
         """The connection operations run through: one, shared, made under a
-        lock (Dynamo 1.6.1's). `begin_*` and `create_*` await it, so a
-        subclass's override is what they use."""
+        lock (Dynamo 1.6.1's). `begin_*` and `create_*` await it (once it is
+        made, only if a subclass overrides it), so a subclass's override is
+        what they use."""
         connection = self._shared_connection
         if connection is None:
             with self._shared_connection_lock:
@@ -1554,15 +1576,17 @@ class Connector:
         `local_descriptors`; the transfer is posted before this returns."""
         if remote_metadata is None or not _is_metadata(remote_metadata):
             raise TypeError("Argument `remote_metadata` must be `RdmaMetadata`.")
-        if not _is_descriptors(local_descriptors):
+        if type(local_descriptors) is not Descriptor and not _is_descriptors(local_descriptors):
             raise TypeError(
                 "Argument `local_descriptors` must be `dynamo.nixl_connect.Descriptor` or `list[dynamo.nixl_connect.Descriptor]`."
             )
-        if remote_metadata.operation_kind != OperationKind.READ.value:
+        if remote_metadata.operation_kind != _READ:
             raise RuntimeError(
                 "Cannot create a `dynamo.nixl_connect.ReadOperation` to read from a remote `dynamo.nixl_connect.WritableOperation`."
             )
-        connection = await self._create_connection()
+        connection = self._shared_connection
+        if connection is None or type(self)._create_connection is not _CREATE_CONNECTION:
+            connection = await self._create_connection()
         return ReadOperation(connection, remote_metadata, local_descriptors)
 
     async def begin_write(
@@ -1574,29 +1598,40 @@ class Connector:
         (`remote_metadata`); the transfer is posted before this returns."""
         if remote_metadata is None or not _is_metadata(remote_metadata):
             raise TypeError("Argument `remote_metadata` must be `RdmaMetadata`.")
-        if not _is_descriptors(local_descriptors):
+        if type(local_descriptors) is not Descriptor and not _is_descriptors(local_descriptors):
             raise TypeError(
                 "Argument `local_descriptors` must be `Descriptor` or `list[Descriptor]`."
             )
-        if remote_metadata.operation_kind != OperationKind.WRITE.value:
+        if remote_metadata.operation_kind != _WRITE:
             raise RuntimeError(
                 "Cannot create a `WriteOperation` to write to a remote `ReadableOperation`."
             )
         if not isinstance(remote_metadata.nixl_metadata, str):
             raise TypeError("Argument `remote_metadata.nixl_metadata` must be `str`.")
-        connection = await self._create_connection()
+        connection = self._shared_connection
+        if connection is None or type(self)._create_connection is not _CREATE_CONNECTION:
+            connection = await self._create_connection()
         return WriteOperation(connection, local_descriptors, remote_metadata)
 
     async def create_readable(
         self, local_descriptors: Descriptor | list[Descriptor]
     ) -> ReadableOperation:
         """Exposes `local_descriptors` for one peer to READ; send it `metadata()`."""
-        connection = await self._create_connection()
+        connection = self._shared_connection
+        if connection is None or type(self)._create_connection is not _CREATE_CONNECTION:
+            connection = await self._create_connection()
         return ReadableOperation(connection, local_descriptors)
 
     async def create_writable(
         self, local_descriptors: Descriptor | list[Descriptor]
     ) -> WritableOperation:
         """Exposes `local_descriptors` for one peer to WRITE; send it `metadata()`."""
-        connection = await self._create_connection()
+        connection = self._shared_connection
+        if connection is None or type(self)._create_connection is not _CREATE_CONNECTION:
+            connection = await self._create_connection()
         return WritableOperation(connection, local_descriptors)
+
+
+# `Connector`'s own `_create_connection`: while a connector's class keeps it,
+# its operations take the shared connection without awaiting a coroutine.
+_CREATE_CONNECTION = Connector._create_connection
