@@ -216,10 +216,10 @@ def time_metadata(module, descriptors: int, count: int, via: str) -> dict:
 
 
 class Peer:
-    def __init__(self, impl: str) -> None:
+    def __init__(self, impl: str, pooled: bool = False) -> None:
         env = dict(os.environ)
         env.pop("NIXL_CONNECT_BACKEND", None)
-        command = [sys.executable, __file__, "--worker", impl]
+        command = [sys.executable, __file__, "--pooled-worker" if pooled else "--worker", impl]
         if impl == "dynamo":
             env["PYTHONPATH"] = os.pathsep.join(
                 [env["NIXL_CONNECT_DYNAMO_SRC"], env["NIXL_CONNECT_TORCH_STUB"]]
@@ -472,9 +472,178 @@ def metadata_table(rows: list) -> str:
     return "\n".join(lines)
 
 
+# Pooled prefix reads: Dynamo 1.6's multimodal components (embedding and
+# mm_kwargs transfer) keep pre-registered 8 MB buffers and move a 3.7 MB
+# payload (Dynamo's figure for a Qwen3-VL-2B image) as a prefix of one. Each
+# worker does it its own way, in one process with two connectors:
+# - "ours" and "dynamo": the components' own code path: the sender re-arms a
+#   `ReadableOperation` subclass over its registered buffer (`_data_size`,
+#   `_serialized_request = None`, `_status = INITIALIZED`, `metadata()`), the
+#   receiver (a `Connector` subclass with its own `Connection(self, 1)`)
+#   sets its registered buffer's `_data_size` and `begin_read`s; Dynamo's
+#   ReadOperation deregisters the buffer when it is dropped, so each of its
+#   reads registers it again;
+# - "rust": `RegisteredMemory` on both sides, `begin_read_fit` into a view.
+# Timed, as the components' receive does it per payload: the receiver's
+# `begin_read`, its awaited completion, and dropping the operation (Rust:
+# taking the view back).
+
+POOLED_PAYLOAD = 3_700_000
+POOLED_CAPACITY = 8 * MIB
+POOLED_BACKENDS = {
+    "ours": "py-nixl-connect-pooled",
+    "dynamo": "py-dynamo-pooled",
+    "rust": "py-rust-api-pooled",
+}
+
+
+def pooled_worker(impl: str) -> None:
+    import numpy as np
+
+    if impl == "dynamo":
+        import dynamo.nixl_connect as nixl_connect
+    else:
+        import nixl_connect
+
+    def keep(self) -> None:
+        pass
+
+    nixl_connect.Remote._release = keep
+
+    class PersistentConnector(nixl_connect.Connector):
+        def __init__(self) -> None:
+            super().__init__()
+            self._connection = None
+
+        async def _create_connection(self):
+            if self._connection is None:
+                self._connection = nixl_connect.Connection(self, 1)
+                await self._connection.initialize()
+            return self._connection
+
+    class NonReleasingOp(nixl_connect.ReadableOperation):
+        def _release(self) -> None:
+            pass
+
+    async def main() -> None:
+        sender, receiver = nixl_connect.Connector(), PersistentConnector()
+        staging = np.random.default_rng(37).integers(0, 256, POOLED_CAPACITY, dtype=np.uint8)
+        slot = nixl_connect.Descriptor((staging, "cpu"))
+        slot.register_with_connector(await sender._create_connection())
+        readable = NonReleasingOp(await sender._create_connection(), slot)
+        landing = np.zeros(POOLED_CAPACITY, dtype=np.uint8)
+        pooled = nixl_connect.Descriptor((landing, "cpu"))
+        pooled.register_with_connector(await receiver._create_connection())
+
+        async def once(size: int) -> float:
+            slot._data_size = size
+            slot._serialized = None
+            readable._serialized_request = None
+            readable._status = nixl_connect.OperationStatus.INITIALIZED
+            metadata = readable.metadata()
+            started = time.perf_counter()
+            pooled._data_size = size
+            read = await receiver.begin_read(metadata, pooled)
+            await read.wait_for_completion()
+            del read  # done with it: Dynamo's deregisters the buffer here
+            elapsed = time.perf_counter() - started
+            pooled._data_size = POOLED_CAPACITY
+            await readable.wait_for_completion()
+            slot._data_size = POOLED_CAPACITY
+            return elapsed
+
+        def digest(size: int) -> str:
+            got = landing[:size]
+            same = bool((got == staging[:size]).all())
+            return hashlib.sha256(got.tobytes()).hexdigest() if same else "MISMATCH"
+
+        for line in sys.stdin:
+            command = json.loads(line)
+            size = command["size"]
+            if command["kind"] == "check":
+                landing[:] = 0
+                samples = [await once(size)]
+            else:
+                samples = [await once(size) for _ in range(command["count"])]
+            reply = {"samples": samples, "digest": digest(size)}
+            sys.stdout.write(MARK + json.dumps(reply) + "\n")
+            sys.stdout.flush()
+
+    asyncio.run(main())
+
+
+def measure_pooled(quick: bool) -> list:
+    impls = ["ours", "dynamo"] + (["rust"] if os.environ.get("NIXL_CONNECT_RUST_WORKER") else [])
+    peers = [Peer(impl, pooled=True) for impl in impls]
+    for peer in peers:
+        peer.others = [p for p in peers if p is not peer]
+    total, batch = (40, 10) if quick else (200, 20)
+    command = {"op": "pooled-read", "size": POOLED_PAYLOAD, "capacity": POOLED_CAPACITY, "wait": "async"}
+    samples: dict = {peer.impl: [] for peer in peers}
+    digests = {}
+    try:
+        for peer in peers:
+            digest = peer.ask(kind="check", **command)["digest"]
+            if digest == "MISMATCH":
+                raise RuntimeError(f"{peer.impl}: the pooled read moved wrong bytes")
+            digests[peer.impl] = digest
+        if digests["ours"] != digests["dynamo"]:
+            raise RuntimeError("ours and Dynamo's pooled reads received different bytes")
+        for _ in range(total // batch):
+            for peer in peers:
+                reply = peer.ask(kind="run", count=batch, **command)
+                if reply["digest"] != digests[peer.impl]:
+                    raise RuntimeError(f"{peer.impl}: the pooled read moved wrong bytes")
+                samples[peer.impl].extend(reply["samples"])
+    finally:
+        for peer in peers:
+            peer.close()
+    rows = []
+    for impl, s in samples.items():
+        s.sort()
+        p50 = percentile(s, 0.5)
+        rows.append({
+            "backend": POOLED_BACKENDS[impl], "op": "read", "block_bytes": POOLED_PAYLOAD,
+            "blocks": 1, "capacity_bytes": POOLED_CAPACITY, "gbps": POOLED_PAYLOAD / p50 / 1e9,
+            "p50_us": p50 * 1e6, "p99_us": percentile(s, 0.99) * 1e6, "iterations": len(s),
+        })
+    print(f"bench --python: pooled prefix read of {POOLED_PAYLOAD} B done ({total} iterations each)",
+          file=sys.stderr)
+    return rows
+
+
+def pooled_targets(rows: list) -> list:
+    def p50(impl: str):
+        found = find(rows, POOLED_BACKENDS[impl], "read", POOLED_PAYLOAD)
+        return None if found is None else found["p50_us"]
+
+    ours, rust, dynamo = p50("ours"), p50("rust"), p50("dynamo")
+    out = []
+    if ours is not None and rust is not None:
+        out.append({"target": "pooled 3.7 MB prefix read: p50 within 1.3x of the Rust API's",
+                    "value": round(ours / rust, 2), "met": ours / rust <= 1.3})
+    if ours is not None and dynamo is not None:
+        out.append({"target": "pooled 3.7 MB prefix read: p50 >= 8x lower than Dynamo's",
+                    "value": round(dynamo / ours, 1), "met": dynamo / ours >= 8})
+    return out
+
+
+def pooled_table(rows: list) -> str:
+    cells = []
+    for impl in ("ours", "rust", "dynamo"):
+        r = find(rows, POOLED_BACKENDS[impl], "read", POOLED_PAYLOAD)
+        cells.append("-" if r is None else f"{r['p50_us']:.0f} µs ({r['gbps']:.2f} GB/s)")
+    return "\n".join([
+        "| pooled prefix read | nixl_connect p50 | Rust API p50 | Dynamo p50 |",
+        "|---|---|---|---|",
+        f"| 3.7 MB into 8 MB | {cells[0]} | {cells[1]} | {cells[2]} |",
+    ])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", choices=sorted({w for w, _ in VARIANTS}))
+    parser.add_argument("--pooled-worker", choices=["ours", "dynamo"])
     parser.add_argument("--report", type=Path, default=Path("target/bench/report.json"))
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--metadata-only", action="store_true",
@@ -483,11 +652,15 @@ def main() -> int:
     if args.worker:
         worker(args.worker)
         return 0
+    if args.pooled_worker:
+        pooled_worker(args.pooled_worker)
+        return 0
     for var in ("NIXL_CONNECT_DYNAMO_SRC", "NIXL_CONNECT_TORCH_STUB"):
         if not os.environ.get(var):
             print(f"bench.py: {var} is not set (cargo xtask bench --python sets it)", file=sys.stderr)
             return 2
     rows = measure(args.quick, args.metadata_only)
+    pooled_rows = [] if args.metadata_only else measure_pooled(args.quick)
     report = {}
     if args.report.is_file():
         report = json.loads(args.report.read_text())
@@ -498,17 +671,19 @@ def main() -> int:
         return python and (not args.metadata_only or str(row.get("op", "")).startswith("metadata-"))
 
     results = [r for r in report.get("results", []) if not replaced(r)]
-    report["results"] = results + rows
+    report["results"] = results + rows + pooled_rows
     if args.metadata_only:
         kept = [t for t in report.get("python_targets", []) if not t["target"].startswith("metadata ")]
         report["python_targets"] = metadata_target(rows) + kept
     else:
-        report["python_targets"] = targets(rows)
+        report["python_targets"] = targets(rows) + pooled_targets(pooled_rows)
     args.report.parent.mkdir(parents=True, exist_ok=True)
     args.report.write_text(json.dumps(report, indent=2))
     if not args.metadata_only:
         print("\n== nixl_connect (ours, NIXL) vs dynamo.nixl_connect 1.6.1, one block, p50 ==")
         print(table(rows))
+        print("\n== pooled prefix read (Dynamo 1.6's multimodal transfer), awaited, p50 ==")
+        print(pooled_table(pooled_rows))
     print("\n== RdmaMetadata: nixl_connect vs dynamo.nixl_connect 1.6.1, p50 ==")
     print(metadata_table(rows))
     for t in report["python_targets"]:

@@ -9,7 +9,7 @@ use std::time::Duration;
 use backend_loopback::{Fabric, LoopbackBackend};
 use backend_nixl::NixlBackend;
 use descriptor_core::faults::{Faults, Faulty};
-use descriptor_core::{Connector, Descriptor, RegistrationBackend};
+use descriptor_core::{Connector, Descriptor, Error, RegistrationBackend};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
@@ -66,10 +66,11 @@ enum Access {
     Written,
 }
 
-/// Takes the Rust descriptors out of `descriptors` for an operation; on any
-/// refusal gives back those already taken.
+/// Takes the Rust descriptors out of `descriptors` for an operation of
+/// `connector`; on any refusal gives back those already taken.
 fn lend(
     py: Python<'_>,
+    connector: &Bound<'_, PyConnector>,
     descriptors: &[Py<PyDescriptor>],
     access: Access,
 ) -> PyResult<Vec<Descriptor>> {
@@ -92,7 +93,7 @@ fn lend(
     }
     let mut taken = Vec::with_capacity(descriptors.len());
     for (index, d) in descriptors.iter().enumerate() {
-        match d.get().lend(py, index) {
+        match d.get().lend(py, index, Some(connector)) {
             Ok(descriptor) => taken.push(descriptor),
             Err(e) => {
                 for (python, descriptor) in descriptors.iter().zip(taken) {
@@ -103,6 +104,38 @@ fn lend(
         }
     }
     Ok(taken)
+}
+
+/// The pairing errors of a READ or WRITE in Dynamo's words (its
+/// `ActiveOperation` checks sizes and counts before NIXL sees them); other
+/// errors as `to_py` maps them.
+fn pairing_error(error: Error, local: usize) -> PyErr {
+    match error {
+        Error::SizeMismatch {
+            local: l,
+            remote: r,
+            ..
+        } if local == 1 => PyValueError::new_err(format!(
+            "Local and remote descriptors must be the same size. {l} != {r}."
+        )),
+        Error::SizeMismatch {
+            index,
+            local: l,
+            remote: r,
+        } => PyValueError::new_err(format!(
+            "Descriptor length mismatch: `local_descriptors` and `remote_descriptors` descriptor at {index} must have the same size. {l} != {r}."
+        )),
+        Error::DescriptorCountMismatch {
+            local: l,
+            remote: r,
+        } if l > 1 && r > 1 => PyValueError::new_err(format!(
+            "When `local_descriptors` and `remote_descriptors` are lists, they must have the same length. {l} != {r}."
+        )),
+        Error::DescriptorCountMismatch { .. } => PyValueError::new_err(
+            "Both `local_descriptors` and `remote_descriptors` must be either lists or single descriptors.",
+        ),
+        other => to_py(other),
+    }
 }
 
 #[pymethods]
@@ -226,59 +259,69 @@ impl PyConnector {
         self.inner.revocation_enforced()
     }
 
+    /// Backend registrations this connector has made so far (one per plain
+    /// descriptor on first use, one per pool).
+    #[getter]
+    fn registrations(&self) -> u64 {
+        self.inner.registrations()
+    }
+
     /// Exposes the descriptors' memory for one peer to READ.
     fn create_readable(
-        &self,
-        py: Python<'_>,
+        slf: &Bound<'_, Self>,
         descriptors: Vec<Py<PyDescriptor>>,
     ) -> PyResult<PyOperation> {
-        let local = lend(py, &descriptors, Access::Read)?;
-        let op = py
-            .detach(|| self.inner.create_readable(local))
-            .map_err(to_py)?;
+        let py = slf.py();
+        let local = lend(py, slf, &descriptors, Access::Read)?;
+        let inner = slf.get().inner();
+        let op = py.detach(|| inner.create_readable(local)).map_err(to_py)?;
         Ok(PyOperation::new(AnyOp::Readable(op), descriptors))
     }
 
     /// Exposes the descriptors' memory for one peer to WRITE.
     fn create_writable(
-        &self,
-        py: Python<'_>,
+        slf: &Bound<'_, Self>,
         descriptors: Vec<Py<PyDescriptor>>,
     ) -> PyResult<PyOperation> {
-        let local = lend(py, &descriptors, Access::Written)?;
-        let op = py
-            .detach(|| self.inner.create_writable(local))
-            .map_err(to_py)?;
+        let py = slf.py();
+        let local = lend(py, slf, &descriptors, Access::Written)?;
+        let inner = slf.get().inner();
+        let op = py.detach(|| inner.create_writable(local)).map_err(to_py)?;
         Ok(PyOperation::new(AnyOp::Writable(op), descriptors))
     }
 
     /// READs the peer's readable memory (`metadata`) into the descriptors;
-    /// posted before this returns.
+    /// posted before this returns. Sizes pair strictly (Dynamo's
+    /// `ValueError`s).
     fn begin_read(
-        &self,
-        py: Python<'_>,
+        slf: &Bound<'_, Self>,
         metadata: &PyMetadata,
         descriptors: Vec<Py<PyDescriptor>>,
     ) -> PyResult<PyOperation> {
-        let local = lend(py, &descriptors, Access::Written)?;
+        let py = slf.py();
+        let local = lend(py, slf, &descriptors, Access::Written)?;
+        let inner = slf.get().inner();
+        let count = local.len();
         let op = py
-            .detach(|| self.inner.begin_read(metadata.inner(), local))
-            .map_err(to_py)?;
+            .detach(|| inner.begin_read(metadata.inner(), local))
+            .map_err(|e| pairing_error(e, count))?;
         Ok(PyOperation::new(AnyOp::Read(op), descriptors))
     }
 
     /// WRITEs the descriptors into the peer's writable memory (`metadata`);
     /// posted before this returns.
     fn begin_write(
-        &self,
-        py: Python<'_>,
+        slf: &Bound<'_, Self>,
         descriptors: Vec<Py<PyDescriptor>>,
         metadata: &PyMetadata,
     ) -> PyResult<PyOperation> {
-        let local = lend(py, &descriptors, Access::Read)?;
+        let py = slf.py();
+        let local = lend(py, slf, &descriptors, Access::Read)?;
+        let inner = slf.get().inner();
+        let count = local.len();
         let op = py
-            .detach(|| self.inner.begin_write(local, metadata.inner()))
-            .map_err(to_py)?;
+            .detach(|| inner.begin_write(local, metadata.inner()))
+            .map_err(|e| pairing_error(e, count))?;
         Ok(PyOperation::new(AnyOp::Write(op), descriptors))
     }
 }

@@ -1,6 +1,8 @@
-//! The native `Descriptor`: a Python object's memory, and the Rust
-//! [`Descriptor`] over it while no operation holds it.
+//! The native `Descriptor`: a Python object's memory (or a part of a pool's,
+//! see `pool`), and the Rust [`Descriptor`] over it while no operation holds
+//! it.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use descriptor_core::Descriptor;
@@ -12,6 +14,7 @@ use crate::error::to_py;
 use crate::fork;
 use crate::memory::{PyMemory, Source, source_of};
 use crate::operation::Loan;
+use crate::pool::PyRegisteredMemory;
 
 /// Where the Rust descriptor is.
 enum Slot {
@@ -27,14 +30,41 @@ enum Slot {
     /// and if it was leaked because a peer may still write, it stays held.
     /// `loan` is the operation that holds it (once made), asked to hand the
     /// memory back before the descriptor is reported in use.
+    ///
+    /// For a pool's part, `alive` is always dead: whether a Rust view still
+    /// holds the range is the core's to say (`carve` refuses it), and a part
+    /// not carved yet is `Lent` too.
     Lent { alive: Weak<()>, loan: Weak<Loan> },
+}
+
+impl Slot {
+    /// Nothing here, and nothing known about an operation holding it.
+    fn loose() -> Slot {
+        Slot::Lent {
+            alive: Weak::new(),
+            loan: Weak::new(),
+        }
+    }
+}
+
+/// A part of a pool's memory, which a live Python descriptor owns.
+struct Part {
+    memory: Py<PyRegisteredMemory>,
+    offset: usize,
 }
 
 /// Memory of a Python object, described for transfers (`nixl_connect.Descriptor`
 /// wraps it).
 #[pyclass(frozen, module = "nixl_connect._native", name = "Descriptor")]
 pub(crate) struct PyDescriptor {
+    /// The memory described (for a pool's part: that part).
     source: Source,
+    /// Set for a pool's part: its memory and offset.
+    part: Option<Part>,
+    /// Bytes a transfer moves (`0 < size <= source.size`): applied to the
+    /// Rust descriptor when it is lent, so setting it never waits for, nor
+    /// fails because of, an operation holding the memory.
+    size: AtomicUsize,
     slot: Mutex<Slot>,
 }
 
@@ -60,7 +90,9 @@ impl PyDescriptor {
     /// lock: the hand-back takes it.
     fn settle_loan(&self) {
         let loan = match &*self.lock() {
-            Slot::Lent { alive, loan } if alive.strong_count() > 0 => loan.upgrade(),
+            Slot::Lent { alive, loan } if self.part.is_some() || alive.strong_count() > 0 => {
+                loan.upgrade()
+            }
             _ => None,
         };
         if let Some(loan) = loan {
@@ -75,31 +107,86 @@ impl PyDescriptor {
         }
     }
 
-    /// Takes the Rust descriptor out for an operation.
-    pub(crate) fn lend(&self, py: Python<'_>, index: usize) -> PyResult<Descriptor> {
+    /// A part of `memory` at `offset`, which the caller claimed for it.
+    pub(crate) fn view(source: Source, memory: Py<PyRegisteredMemory>, offset: usize) -> Self {
+        PyDescriptor {
+            size: AtomicUsize::new(source.size),
+            source,
+            part: Some(Part { memory, offset }),
+            slot: Mutex::new(Slot::loose()),
+        }
+    }
+
+    /// For a pool's part not here: carves its Rust view again, if no Rust
+    /// view holds the range (the operation that had it dropped it, or it was
+    /// never carved). Called with the slot locked: carving takes only the
+    /// core allocator's leaf lock.
+    fn recarve(&self, part: &Part, slot: &mut Slot) -> bool {
+        if matches!(slot, Slot::Idle { .. }) {
+            return true;
+        }
+        match part.memory.get().carve(part.offset, self.source.size) {
+            Some(descriptor) => {
+                *slot = Slot::Idle {
+                    descriptor,
+                    alive: Weak::new(),
+                };
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Takes the Rust descriptor out for an operation of `connector`, its
+    /// size set to the one asked for. A pool's part registers its memory with
+    /// `connector` first, if that was not done (without a connector, an
+    /// unregistered part cannot be carved: it is reported in use).
+    pub(crate) fn lend(
+        &self,
+        py: Python<'_>,
+        index: usize,
+        connector: Option<&Bound<'_, PyConnector>>,
+    ) -> PyResult<Descriptor> {
         fork::check()?;
         self.settle_loan();
+        if let (Some(part), Some(connector)) = (&self.part, connector) {
+            part.memory.get().ensure_registered(py, connector)?;
+        }
         let mut slot = self.lock();
-        match &*slot {
-            Slot::Idle { .. } => {}
-            Slot::Lent { alive, .. } if alive.strong_count() == 0 => {
+        match (&*slot, &self.part) {
+            (Slot::Idle { .. }, _) => {}
+            (Slot::Lent { .. }, Some(part)) => {
+                if !self.recarve(part, &mut slot) {
+                    return Err(PyValueError::new_err(format!(
+                        "descriptor {index} is in use: bytes {}..{} of its pool are still held by an operation \
+                         that has not let go of them (one in progress, draining, or leaked after a cancel)",
+                        part.offset,
+                        part.offset + self.source.size
+                    )));
+                }
+            }
+            (Slot::Lent { alive, .. }, None) if alive.strong_count() == 0 => {
                 // The last operation dropped the buffer: describe it afresh.
                 let (descriptor, alive) = Self::build(py, &self.source)?;
                 *slot = Slot::Idle { descriptor, alive };
             }
-            Slot::Lent { .. } => {
+            (Slot::Lent { .. }, None) => {
                 return Err(PyValueError::new_err(format!(
                     "descriptor {index} is in use by another operation (wait for that operation to finish, \
                      or describe the memory with a new Descriptor)"
                 )));
             }
         }
-        let placeholder = Slot::Lent {
-            alive: Weak::new(),
-            loan: Weak::new(),
-        };
-        match std::mem::replace(&mut *slot, placeholder) {
-            Slot::Idle { descriptor, alive } => {
+        match std::mem::replace(&mut *slot, Slot::loose()) {
+            Slot::Idle {
+                mut descriptor,
+                alive,
+            } => {
+                let wanted = self.size.load(Ordering::Relaxed);
+                if let Err(e) = descriptor.set_size(wanted) {
+                    *slot = Slot::Idle { descriptor, alive };
+                    return Err(to_py(e));
+                }
                 *slot = Slot::Lent {
                     alive,
                     loan: Weak::new(),
@@ -127,23 +214,32 @@ impl PyDescriptor {
     pub(crate) fn source(&self) -> &Source {
         &self.source
     }
+
+    /// Bytes a transfer moves (what `size` reads).
+    pub(crate) fn transfer_size(&self) -> usize {
+        self.size.load(Ordering::Relaxed)
+    }
 }
 
 impl Drop for PyDescriptor {
     fn drop(&mut self) {
-        // A forked child leaks what it inherited (deregistering would call
-        // into a backend whose threads are gone: see `fork`).
+        let slot = std::mem::replace(
+            self.slot.get_mut().unwrap_or_else(PoisonError::into_inner),
+            Slot::loose(),
+        );
         if fork::forked() {
-            let slot = self.slot.get_mut().unwrap_or_else(PoisonError::into_inner);
-            if let Slot::Idle { descriptor, .. } = std::mem::replace(
-                slot,
-                Slot::Lent {
-                    alive: Weak::new(),
-                    loan: Weak::new(),
-                },
-            ) {
+            // A forked child leaks what it inherited (deregistering would call
+            // into a backend whose threads are gone: see `fork`).
+            if let Slot::Idle { descriptor, .. } = slot {
                 std::mem::forget(descriptor);
             }
+        } else {
+            // A part's Rust view goes back to the core first, then the
+            // Python-level claim: a new descriptor of these bytes lends at once.
+            drop(slot);
+        }
+        if let Some(part) = &self.part {
+            part.memory.get().release(part.offset, self.source.size);
         }
     }
 }
@@ -155,7 +251,9 @@ impl PyDescriptor {
         let source = source_of(data)?;
         let (descriptor, alive) = Self::build(py, &source)?;
         Ok(PyDescriptor {
+            size: AtomicUsize::new(source.size),
             source,
+            part: None,
             slot: Mutex::new(Slot::Idle { descriptor, alive }),
         })
     }
@@ -166,10 +264,43 @@ impl PyDescriptor {
         self.source.ptr
     }
 
-    /// Size in bytes.
+    /// Bytes a transfer moves: the capacity unless `set_size` made it less.
     #[getter]
     fn size(&self) -> usize {
+        self.size.load(Ordering::Relaxed)
+    }
+
+    /// Bytes described (a pool's part: the part's).
+    #[getter]
+    fn capacity(&self) -> usize {
         self.source.size
+    }
+
+    /// Makes transfers move the first `size` bytes only (`0 < size <=
+    /// capacity`, else `ValueError`); applied when the memory is next lent
+    /// to an operation, so it never fails for being in use.
+    fn set_size(&self, size: usize) -> PyResult<()> {
+        if size == 0 || size > self.source.size {
+            return Err(PyValueError::new_err(format!(
+                "`_data_size` must be an integer between 1 and the descriptor's capacity ({} bytes); got {size}",
+                self.source.size
+            )));
+        }
+        self.size.store(size, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The object the memory belongs to (Dynamo's `_data_ref`; for a pool's
+    /// part, the pool's object).
+    #[getter]
+    fn referent(&self, py: Python<'_>) -> Py<PyAny> {
+        self.source.referent.clone_ref(py)
+    }
+
+    /// For a pool's part: its offset in the pool's memory; `None` otherwise.
+    #[getter]
+    fn offset(&self) -> Option<usize> {
+        self.part.as_ref().map(|p| p.offset)
     }
 
     /// The device, as `cpu`, `cuda:N` or `rocm:N`.
@@ -200,6 +331,9 @@ impl PyDescriptor {
     /// holding it has registered it).
     #[getter]
     fn is_registered(&self) -> bool {
+        if let Some(part) = &self.part {
+            return part.memory.get().registered();
+        }
         self.settle_loan();
         match &*self.lock() {
             Slot::Idle { descriptor, .. } => descriptor.is_registered(),
@@ -211,23 +345,36 @@ impl PyDescriptor {
     #[getter]
     fn in_use(&self) -> bool {
         self.settle_loan();
-        matches!(&*self.lock(), Slot::Lent { alive, .. } if alive.strong_count() > 0)
+        let mut slot = self.lock();
+        match &self.part {
+            Some(part) => part.memory.get().registered() && !self.recarve(part, &mut slot),
+            None => matches!(&*slot, Slot::Lent { alive, .. } if alive.strong_count() > 0),
+        }
     }
 
     /// Registers the memory with `connector` (nothing if already registered
-    /// with it; `RuntimeError` if registered with another connector).
-    fn register(&self, py: Python<'_>, connector: &PyConnector) -> PyResult<()> {
-        let mut descriptor = self.lend(py, 0)?;
-        let connector = connector.inner();
+    /// with it; `RuntimeError` if registered with another connector). A
+    /// pool's part registers the pool's memory, once.
+    fn register(&self, py: Python<'_>, connector: &Bound<'_, PyConnector>) -> PyResult<()> {
+        if let Some(part) = &self.part {
+            return part.memory.get().ensure_registered(py, connector).map(drop);
+        }
+        let mut descriptor = self.lend(py, 0, Some(connector))?;
+        let connector = connector.get().inner();
         // Registration pins memory: no lock of ours and no GIL held meanwhile.
         let result = py.detach(|| descriptor.register_memory(connector));
         self.give_back(descriptor);
         result.map_err(to_py)
     }
 
-    /// Deregisters the memory (it registers again on its next use).
+    /// Deregisters the memory (it registers again on its next use). Nothing
+    /// for a pool's part: the pool's memory stays registered until its last
+    /// descriptor and handle are gone.
     fn deregister(&self, py: Python<'_>) -> PyResult<()> {
-        let descriptor = self.lend(py, 0)?;
+        if self.part.is_some() {
+            return Ok(());
+        }
+        let descriptor = self.lend(py, 0, None)?;
         if !descriptor.is_registered() {
             self.give_back(descriptor);
             return Ok(());

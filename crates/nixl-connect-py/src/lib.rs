@@ -11,6 +11,8 @@
 //!   the process-wide loopback fabric;
 //! - `operation::PyOperation`: the core's operations, handing
 //!   the memory back to the Python descriptors once no transfer can touch it;
+//! - `pool::PyRegisteredMemory`: a Python object's memory registered once
+//!   and described in parts (`RegisteredMemory`, `BlockPool`);
 //! - `notifier::Notifier`: completion into asyncio through an
 //!   eventfd the event loop watches, woken by the library's own wakers.
 //!
@@ -28,6 +30,7 @@ mod memory;
 mod metadata;
 mod notifier;
 mod operation;
+mod pool;
 mod runtime;
 
 use pyo3::prelude::*;
@@ -39,6 +42,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<descriptor::PyDescriptor>()?;
     m.add_class::<metadata::PyMetadata>()?;
     m.add_class::<operation::PyOperation>()?;
+    m.add_class::<pool::PyRegisteredMemory>()?;
     m.add_class::<notifier::Notifier>()?;
     m.add("BACKENDS", connector::BACKENDS.to_vec())?;
     m.add("TYPE_ERROR_MESSAGE", memory::TYPE_ERROR_MESSAGE)?;

@@ -75,6 +75,29 @@ pub(crate) struct Source {
     /// What keeps the memory valid: the object itself, a [`Pin`] (a buffer
     /// export of it, or it and its DLPack capsule), or the caller's `ref`.
     pub(crate) keep_alive: Py<PyAny>,
+    /// The object Dynamo's `Descriptor._data_ref` names: the tensor (or its
+    /// contiguous copy), the array, the `bytes`/`bytearray`/exporter, the
+    /// DLPack producer, or the raw form's `ref` (`None` without one). Python
+    /// reaches the memory through it as it could before; it pins nothing
+    /// that `keep_alive` does not.
+    pub(crate) referent: Py<PyAny>,
+}
+
+impl Source {
+    /// Bytes `[offset, offset + len)` of this memory (a pool's view), which
+    /// the caller checked lie inside it; kept valid by the same objects.
+    pub(crate) fn part(&self, py: Python<'_>, offset: usize, len: usize) -> Source {
+        Source {
+            ptr: self.ptr + offset,
+            size: len,
+            device: self.device,
+            writable: self.writable,
+            read_only_reason: self.read_only_reason,
+            origin: self.origin,
+            keep_alive: self.keep_alive.clone_ref(py),
+            referent: self.referent.clone_ref(py),
+        }
+    }
 }
 
 /// A Python object's memory as a [`MemoryBuffer`]: the Rust descriptor owns
@@ -246,6 +269,7 @@ fn from_tensor(tensor: &Bound<'_, PyAny>) -> PyResult<Source> {
             "a non-contiguous tensor is described by a contiguous copy, which a transfer could write but the tensor would never see",
         ),
         origin,
+        referent: tensor.clone().unbind(),
         keep_alive: tensor.unbind(),
     })
 }
@@ -271,6 +295,7 @@ fn from_export(data: &Bound<'_, PyAny>, exported: Exported) -> Source {
         read_only_reason: exported.readonly.then_some(reason),
         origin,
         keep_alive: exported.pin,
+        referent: data.clone().unbind(),
     }
 }
 
@@ -350,6 +375,7 @@ fn from_raw(tuple: &Bound<'_, PyTuple>) -> PyResult<Source> {
     } else {
         py.None()
     };
+    let referent = keep_alive.clone_ref(py);
     Ok(Source {
         ptr,
         size,
@@ -358,6 +384,7 @@ fn from_raw(tuple: &Bound<'_, PyTuple>) -> PyResult<Source> {
         read_only_reason: None,
         origin: Origin::Raw,
         keep_alive,
+        referent,
     })
 }
 
@@ -440,6 +467,7 @@ fn from_host_array(array: &Bound<'_, PyAny>) -> PyResult<Source> {
         read_only_reason: readonly.then_some("the array is not writeable"),
         origin: Origin::Array,
         keep_alive: array.clone().unbind(),
+        referent: array.clone().unbind(),
     })
 }
 
@@ -476,6 +504,7 @@ fn from_cuda_array(array: &Bound<'_, PyAny>, device: Option<Device>) -> PyResult
         read_only_reason: readonly.then_some("the array is read-only"),
         origin: Origin::CudaArray,
         keep_alive: array.clone().unbind(),
+        referent: array.clone().unbind(),
     })
 }
 
@@ -638,5 +667,6 @@ fn from_dlpack(obj: &Bound<'_, PyAny>) -> PyResult<Source> {
         read_only_reason: read_only.then_some("the DLPack tensor is flagged read-only"),
         origin: Origin::DLPack,
         keep_alive,
+        referent: obj.clone().unbind(),
     })
 }

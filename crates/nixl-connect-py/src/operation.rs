@@ -2,12 +2,12 @@
 //! descriptors it borrowed, and the hand-back of their memory when it ends.
 
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use descriptor_core::{
     Completion, Descriptor, Error, OperationStatus, RdmaMetadata, ReadOperation, ReadableOperation,
-    WritableOperation, WriteOperation,
+    SerializedDescriptor, WritableOperation, WriteOperation,
 };
 use pyo3::exceptions::{PyRuntimeError, PyTimeoutError};
 use pyo3::prelude::*;
@@ -166,15 +166,16 @@ impl Loan {
 #[pyclass(frozen, module = "nixl_connect._native", name = "Operation")]
 pub(crate) struct PyOperation {
     loan: Arc<Loan>,
-    /// A passive operation's metadata, and its JSON once asked for (encoding
-    /// compresses the agent blob, so it is done only if needed).
-    metadata: Option<Arc<RdmaMetadata>>,
-    metadata_json: OnceLock<String>,
+    /// A passive operation's metadata as exposed.
+    exposed: Option<Arc<RdmaMetadata>>,
+    /// The exposed metadata with the sizes its descriptors were lowered to
+    /// since (Dynamo's `_data_size`), and those sizes.
+    narrowed: Mutex<Option<(Vec<u64>, Arc<RdmaMetadata>)>>,
 }
 
 impl PyOperation {
     pub(crate) fn new(op: AnyOp, descriptors: Vec<Py<PyDescriptor>>) -> PyOperation {
-        let metadata = op.metadata().map(|m| Arc::new(m.clone()));
+        let exposed = op.metadata().map(|m| Arc::new(m.clone()));
         let loan = Arc::new(Loan {
             op: Mutex::new(Some(Arc::new(op))),
             final_status: AtomicU8::new(NO_STATUS),
@@ -186,9 +187,78 @@ impl PyOperation {
         }
         PyOperation {
             loan,
-            metadata,
-            metadata_json: OnceLock::new(),
+            exposed,
+            narrowed: Mutex::new(None),
         }
+    }
+
+    /// Whether the descriptors' sizes are still those exposed (what a
+    /// passive operation publishes then is its exposed metadata).
+    fn as_exposed(&self) -> bool {
+        let Some(exposed) = &self.exposed else {
+            return true;
+        };
+        let published = exposed.descriptors();
+        published.len() != self.loan.descriptors.len()
+            || published
+                .iter()
+                .zip(&self.loan.descriptors)
+                .all(|(p, d)| p.size == d.get().transfer_size() as u64)
+    }
+
+    /// What a passive operation publishes now (`None` for an active one):
+    /// the exposed metadata, or, once its descriptors' sizes were lowered
+    /// (Dynamo's pooled senders set `_data_size` on a live readable and ask
+    /// for its metadata again), the same exposure and key with those sizes:
+    /// the peer moves a prefix of each exposed range. `RuntimeError` if a
+    /// size grew past what is exposed (a live operation cannot expose more).
+    fn published(&self) -> PyResult<Option<Arc<RdmaMetadata>>> {
+        let Some(exposed) = &self.exposed else {
+            return Ok(None);
+        };
+        if self.as_exposed() {
+            return Ok(Some(exposed.clone()));
+        }
+        let published = exposed.descriptors();
+        let sizes: Vec<u64> = self
+            .loan
+            .descriptors
+            .iter()
+            .map(|d| d.get().transfer_size() as u64)
+            .collect();
+        if let Some((index, (n, d))) = sizes
+            .iter()
+            .zip(published)
+            .enumerate()
+            .find(|(_, (n, d))| **n > d.size)
+        {
+            return Err(PyRuntimeError::new_err(format!(
+                "descriptor {index} is {n} bytes now, but this operation exposes {} of it: a live \
+                 operation cannot expose more (re-arm it once it completed, or make a new one)",
+                d.size
+            )));
+        }
+        let mut narrowed = self.narrowed.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((cached, published)) = &*narrowed
+            && *cached == sizes
+        {
+            return Ok(Some(published.clone()));
+        }
+        let descriptors = published
+            .iter()
+            .zip(&sizes)
+            .map(|(d, &size)| SerializedDescriptor { size, ..*d })
+            .collect();
+        let metadata = RdmaMetadata::new(
+            exposed.operation_kind(),
+            descriptors,
+            exposed.agent_metadata().to_vec(),
+            exposed.notification_key().to_owned(),
+        )
+        .map_err(to_py)?;
+        let made = Arc::new(metadata);
+        *narrowed = Some((sizes, made.clone()));
+        Ok(Some(made))
     }
 
     /// The core operation, while it has not been handed back.
@@ -380,15 +450,9 @@ impl PyOperation {
         self.loan.lock().is_none()
     }
 
-    /// A passive operation's metadata, as Dynamo's JSON.
-    fn metadata_json(&self) -> Option<&str> {
-        let metadata = self.metadata.as_ref()?;
-        Some(self.metadata_json.get_or_init(|| metadata.to_json()))
-    }
-
     /// A passive operation's metadata, parsed (for `begin_*` in this process).
-    fn metadata(&self) -> Option<PyMetadata> {
-        self.metadata.clone().map(PyMetadata::from_arc)
+    fn metadata(&self) -> PyResult<Option<PyMetadata>> {
+        Ok(self.published()?.map(PyMetadata::from_arc))
     }
 
     /// Number of descriptors.

@@ -28,7 +28,7 @@ def run(coro, timeout: float = TIMEOUT_S):
 
 def _nixl_missing():
     try:
-        nc.Connector(f"probe-{uuid.uuid4().hex[:8]}", backend="nixl")._connection()
+        nc.Connector(f"probe-{uuid.uuid4().hex[:8]}", backend="nixl")._native_connector()
         return None
     except ImportError as e:
         return str(e)

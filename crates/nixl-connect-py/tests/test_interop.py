@@ -1,5 +1,7 @@
 """Interop with the real Dynamo module (`dynamo.nixl_connect` 1.6.1), in
-separate processes over NIXL, both directions and both kinds, byte-checked.
+separate processes over NIXL, both directions and both kinds, byte-checked;
+and Dynamo 1.6's pooled components' way of using it (peers/pooled.py), with
+the real module as the sender and as the receiver.
 
 Both sides run the same worker script (peers/worker.py); only its import line
 differs (PEER_IMPL=dynamo imports `dynamo.nixl_connect`). Dynamo's module needs
@@ -37,7 +39,7 @@ def need_dynamo():
         pytest.skip(message)
 
 
-def spawn(impl: str, role: str, seed: int) -> subprocess.Popen:
+def spawn(impl: str, role: str, seed: int, script: Path = WORKER) -> subprocess.Popen:
     env = dict(os.environ)
     env.pop("NIXL_CONNECT_BACKEND", None)
     env.pop("NIXL_CONNECT_PEER_FAILURE_DETECTION", None)
@@ -51,7 +53,7 @@ def spawn(impl: str, role: str, seed: int) -> subprocess.Popen:
     else:
         env.pop("PYTHONPATH", None)
     return subprocess.Popen(
-        [sys.executable, str(WORKER), role, str(seed)],
+        [sys.executable, str(script), role, str(seed)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -130,3 +132,64 @@ def test_a_writable_is_written_across_processes(passive_impl, active_impl):
     assert (passive["ucx_error_handling_mode"], active["ucx_error_handling_mode"]) == (
         MODES[passive_impl], MODES[active_impl]
     )
+
+
+POOLED_WORKER = WORKER.parent / "pooled_worker.py"
+POOLED_IMPLS = [("dynamo", "ours"), ("ours", "dynamo"), ("ours", "ours"), ("dynamo", "dynamo")]
+
+
+def next_line(peer: subprocess.Popen, who: str) -> str:
+    """The peer's next marked line (NIXL's own logging shares stdout)."""
+    while True:
+        line = peer.stdout.readline()
+        if not line:
+            peer.kill()
+            raise AssertionError(f"{who} said nothing more: {peer.stderr.read()[-4000:]}")
+        if line.startswith(MARK):
+            return line
+
+
+def tell(peer: subprocess.Popen, line: str) -> None:
+    peer.stdin.write(line)
+    peer.stdin.flush()
+
+
+@pytest.mark.parametrize(
+    "sender_impl, receiver_impl",
+    POOLED_IMPLS,
+    ids=[f"{s}-pooled-sender-{r}-pooled-receiver" for s, r in POOLED_IMPLS],
+)
+def test_pooled_components_across_processes(sender_impl, receiver_impl):
+    """Dynamo's mm_kwargs sender (slots, a re-armed `_NonReleasingOp` each)
+    serves payloads of six sizes to Dynamo's receiver (a `PersistentConnector`
+    with a pool of pre-registered buffers, prefix reads through `_data_size`
+    and `_data_ref[:n]`), each side on either implementation."""
+    need_dynamo()
+    from pooled_worker import SIZES as POOLED_SIZES
+
+    seed = 55
+    sender = spawn(sender_impl, "sender", seed, POOLED_WORKER)
+    receiver = spawn(receiver_impl, "receiver", seed, POOLED_WORKER)
+    received = []
+    try:
+        for index in range(len(POOLED_SIZES)):
+            tell(receiver, next_line(sender, f"{sender_impl} sender"))
+            received.append(json.loads(next_line(receiver, f"{receiver_impl} receiver")[len(MARK):]))
+            tell(sender, MARK + json.dumps({"ack": index}) + "\n")
+        tell(receiver, next_line(sender, f"{sender_impl} sender"))  # done
+        final = json.loads(next_line(receiver, f"{receiver_impl} receiver")[len(MARK):])
+        s_out, s_err = sender.communicate(timeout=TIMEOUT_S)
+        r_out, r_err = receiver.communicate(timeout=TIMEOUT_S)
+    finally:
+        for p in (sender, receiver):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert sender.returncode == 0, f"{sender_impl} sender failed:\n{s_err[-4000:]}"
+    assert receiver.returncode == 0, f"{receiver_impl} receiver failed:\n{r_err[-4000:]}"
+    assert [r["size"] for r in received] == POOLED_SIZES
+    sent = [hashlib.sha256(pattern(seed, i, n).tobytes()).hexdigest() for i, n in enumerate(POOLED_SIZES)]
+    assert [r["sha256"] for r in received] == sent, "every prefix holds the sender's bytes"
+    if receiver_impl == "ours":
+        # Two buffers registered up front, six reads: no registration per read.
+        assert final["registrations"] == 2

@@ -24,7 +24,7 @@ def test_an_errored_transfer_raises_runtime_error():
 
     async def go():
         readable = await passive.create_readable(nc.Descriptor(b"\x01" * 4096))
-        active._connection()._fail_next_transfer("injected: peer GPU went away")
+        active._native_connector()._fail_next_transfer("injected: peer GPU went away")
         read = await active.begin_read(readable.metadata(), nc.Descriptor(dst))
         with pytest.raises(RuntimeError, match="ERRORED"):
             await read.wait_for_completion()
@@ -49,7 +49,7 @@ def test_cancel_mid_transfer_then_reuse_the_memory():
 
     async def go():
         readable = await passive.create_readable(src)
-        active._connection()._delay_next_transfer(3600)
+        active._native_connector()._delay_next_transfer(3600)
         read = await active.begin_read(readable.metadata(), dst)
         assert read.status == nc.OperationStatus.IN_PROGRESS
         read.cancel()
@@ -74,7 +74,7 @@ def test_dropping_an_operation_mid_transfer_cancels_it():
 
     async def go():
         writable = await passive.create_writable(dst)
-        active._connection()._delay_next_transfer(3600)
+        active._native_connector()._delay_next_transfer(3600)
         write = await active.begin_write(nc.Descriptor(b"\x07" * 4096), writable.metadata())
         assert write.status == nc.OperationStatus.IN_PROGRESS
         del write
@@ -177,7 +177,7 @@ def test_a_cancelled_passive_operation_gives_memory_back_only_if_revocable(backe
         readable.cancel()
         await readable.wait_for_completion()
         assert readable.status == nc.OperationStatus.CANCELLED
-        if c._connection().revocation_enforced:
+        if c._native_connector().revocation_enforced:
             again = await c.create_readable(d)  # memory came back
             again.cancel()
         else:

@@ -37,7 +37,7 @@ def test_a_missing_runtime_says_the_fix_first_and_each_place_once(tmp_path):
         import nixl_connect as nc
         nc._search_paths = lambda: sys.argv[1:]
         try:
-            nc.Connector(backend="nixl")._connection()
+            nc.Connector(backend="nixl")._native_connector()
         except ImportError as e:
             print(e)
         """,

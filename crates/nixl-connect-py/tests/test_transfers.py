@@ -305,8 +305,8 @@ def test_transfers_move_the_bytes_without_peer_failure_detection(passive_detects
     assert [bytes(t) for t in written] == blocks
     # The agents were built with the setting asked for.
     mode = {True: "peer", False: "none"}
-    assert passive._connection()._ucx_error_handling_mode == mode[passive_detects]
-    assert active._connection()._ucx_error_handling_mode == mode[active_detects]
+    assert passive._native_connector()._ucx_error_handling_mode == mode[passive_detects]
+    assert active._native_connector()._ucx_error_handling_mode == mode[active_detects]
 
 
 @pytest.mark.parametrize("await_spin", [0, 100e-6, 0.01])

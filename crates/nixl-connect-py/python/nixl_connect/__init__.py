@@ -17,6 +17,9 @@ Beyond Dynamo, without changing what Dynamo callers see:
   ``__cuda_array_interface__`` (and ``__array_interface__``);
 - ``Connector(backend="loopback")``: a process-wide in-process fabric for tests
   on machines without NIXL (``NIXL_CONNECT_BACKEND=loopback`` sets the default);
+- memory registered once and described in parts: `RegisteredMemory` and
+  `BlockPool` (Dynamo's pooled components do this by hand, with
+  ``Descriptor._data_size``; both work);
 - ``Connector(peer_failure_detection=False)``
   (``NIXL_CONNECT_PEER_FAILURE_DETECTION=0``): UCX without peer-failure
   detection, several times faster for small transfers on a host without RDMA
@@ -37,6 +40,7 @@ import sys
 import threading
 import uuid
 import weakref
+import zlib
 from abc import ABC, abstractmethod
 from enum import IntEnum
 from functools import cached_property
@@ -52,6 +56,8 @@ if TYPE_CHECKING:
 __all__ = [
     "AbstractOperation",
     "ActiveOperation",
+    "BlockPool",
+    "Connection",
     "Connector",
     "Descriptor",
     "Device",
@@ -62,6 +68,8 @@ __all__ = [
     "RdmaMetadata",
     "ReadOperation",
     "ReadableOperation",
+    "RegisteredMemory",
+    "Remote",
     "SerializedDescriptor",
     "WritableOperation",
     "WriteOperation",
@@ -152,6 +160,8 @@ class OperationStatus(IntEnum):
 
 
 _TERMINAL = (OperationStatus.COMPLETE, OperationStatus.CANCELLED, OperationStatus.ERRORED)
+# `OperationKind`'s values as plain ints (an enum's `.value` costs a lookup).
+_READ, _WRITE = int(OperationKind.READ), int(OperationKind.WRITE)
 _STATUSES = tuple(OperationStatus)
 
 
@@ -477,14 +487,34 @@ class Descriptor:
     - ``(ptr, size, Device | str, ref)``: raw memory; ``ref`` is kept alive;
     - beyond Dynamo: any object exposing ``__dlpack__``,
       ``__cuda_array_interface__`` or ``__array_interface__``.
+
+    A descriptor can also be a part of memory registered once
+    (`RegisteredMemory.descriptor`, `BlockPool.checkout`): it then owns its
+    bytes of that memory until it is dropped.
+
+    `size` is what a transfer moves, `capacity` what is described; assigning
+    Dynamo's ``_data_size`` makes transfers move a prefix (see `_data_size`).
     """
 
-    __slots__ = ("_native", "_device", "_serialized", "__weakref__")
+    __slots__ = ("_native", "_device", "_serialized", "_pool", "_ref", "__weakref__")
 
     def __init__(self, data: _DescriptorData) -> None:
         self._native = _native.Descriptor(data)
         self._device: Optional[Device] = None
         self._serialized: Optional[SerializedDescriptor] = None
+        self._pool: Optional[RegisteredMemory] = None
+        self._ref: Any = _UNSET
+
+    @classmethod
+    def _of_part(cls, native: _native.Descriptor, pool: RegisteredMemory) -> Descriptor:
+        """The Python descriptor of a pool's part (made by the native pool)."""
+        descriptor = cls.__new__(cls)
+        descriptor._native = native
+        descriptor._device = None
+        descriptor._serialized = None
+        descriptor._pool = pool
+        descriptor._ref = _UNSET
+        return descriptor
 
     def __repr__(self) -> str:
         return f"Descriptor({self})"
@@ -506,8 +536,62 @@ class Descriptor:
 
     @property
     def size(self) -> int:
-        """Size in bytes."""
+        """Bytes a transfer moves: the `capacity` unless ``_data_size`` was set lower."""
         return self._native.size
+
+    @property
+    def capacity(self) -> int:
+        """Bytes described (beyond Dynamo)."""
+        return self._native.capacity
+
+    @property
+    def _data_size(self) -> int:
+        """Dynamo's field for the bytes a transfer moves (`size`).
+
+        Assigning it makes transfers move the first ``n`` bytes only, as
+        Dynamo's pooled components do with a buffer larger than what arrives:
+        an ``int`` with ``0 < n <= capacity`` (``ValueError`` otherwise,
+        ``TypeError`` for a non-integer). It applies when the memory is next
+        lent to an operation, so it can be set while one holds it; it clears
+        the cached `metadata`. A READ pairs sizes strictly, as Dynamo does.
+        """
+        return self._native.size
+
+    @_data_size.setter
+    def _data_size(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(
+                f"`_data_size` must be an `int`; got {type(value).__name__}."
+            )
+        capacity = self._native.capacity
+        if not 0 < value <= capacity:
+            raise ValueError(
+                f"`_data_size` must be between 1 and the descriptor's capacity "
+                f"({capacity} bytes); got {value}."
+            )
+        self._native.set_size(value)
+        self._serialized = None
+
+    @property
+    def _data_ref(self) -> Any:
+        """Dynamo's field for the object the memory belongs to (read-only).
+
+        For a plain descriptor: the object itself (the tensor, or the
+        contiguous copy made of it; the array; the ``bytes``/``bytearray``; the
+        raw form's ``ref``). For a pool's part: a view of the pool's object over
+        the part, made on first access: a flat ``uint8`` tensor
+        (``narrow``), a NumPy/CuPy ``uint8`` array, a ``memoryview`` of a
+        buffer; the raw form's ``ref`` or a DLPack producer as they are.
+        """
+        ref = self._ref
+        if ref is _UNSET:
+            referent = self._native.referent
+            offset = self._native.offset
+            ref = referent if offset is None else _part_of(
+                referent, self._native.origin, offset, self._native.capacity
+            )
+            self._ref = ref
+        return ref
 
     @property
     def is_registered(self) -> bool:
@@ -535,23 +619,199 @@ class Descriptor:
             raise TypeError("Argument `serialized` must be `SerializedDescriptor`.")
         return serialized.to_descriptor()
 
-    def register_memory(self, connector: Connector) -> None:
+    def register_memory(self, connector: Connector | Connection) -> None:
         """Registers the memory with `connector` now (operations otherwise do it
         on first use). Again with the same connector: nothing; with another:
-        ``RuntimeError``."""
-        if not isinstance(connector, Connector):
-            raise TypeError("Argument `connector` must be `nixl_connect.Connector`.")
-        self._native.register(connector._connection())
+        ``RuntimeError``. A pool's part registers the pool's memory."""
+        self._native.register(
+            _connector_of(connector, "connector", "nixl_connect.Connector")._native_connector()
+        )
 
-    def register_with_connector(self, connection: Connector) -> None:
-        """Dynamo 1.6.1's name for `register_memory` (its `Connection` is the `Connector` here)."""
-        self.register_memory(connection)
+    def register_with_connector(self, connection: Connection | Connector) -> None:
+        """Dynamo's name for `register_memory`: registers with the connection's
+        connector (a `Connector` is taken too). ``RuntimeError`` if registered
+        with another connector."""
+        self._native.register(
+            _connector_of(connection, "connection", "dynamo.nixl_connect.Connection")
+            ._native_connector()
+        )
 
-    def deregister_with_connector(self, connection: Connector) -> None:
-        """Deregisters the memory; it registers again when next used."""
-        if not isinstance(connection, Connector):
-            raise TypeError("Argument `connection` must be `nixl_connect.Connector`.")
+    def deregister_with_connector(self, connection: Connection | Connector) -> None:
+        """Deregisters the memory; it registers again when next used. Nothing
+        for a pool's part (the pool's memory stays registered until its last
+        descriptor and the pool are gone)."""
+        _connector_of(connection, "connection", "dynamo.nixl_connect.Connection")
+        if self._pool is not None:
+            logger.debug(
+                "%r is a part of registered memory: not deregistered on its own", self
+            )
+            return
         self._native.deregister()
+
+
+_UNSET: Any = object()
+
+
+def _connector_of(value: Any, argument: str, expected: str) -> Connector:
+    """The `Connector` of a `Connection`, or `value` if it is one; ``TypeError`` otherwise."""
+    if isinstance(value, Connection):
+        return value.connector
+    if isinstance(value, Connector):
+        return value
+    raise TypeError(f"Argument `{argument}` must be `{expected}`.")
+
+
+def _part_of(obj: Any, origin: str, offset: int, length: int) -> Any:
+    """A view of `obj` (a pool's object) over bytes ``[offset, offset + length)``."""
+    if origin == "raw pointer":
+        return obj
+    if _is_torch_tensor(obj):
+        return obj.reshape(-1).view(sys.modules["torch"].uint8).narrow(0, offset, length)
+    if hasattr(obj, "reshape") and (
+        hasattr(obj, "__array_interface__") or hasattr(obj, "__cuda_array_interface__")
+    ):
+        return obj.reshape(-1, order="A").view("u1")[offset : offset + length]
+    try:
+        return memoryview(obj).cast("B")[offset : offset + length]
+    except TypeError:
+        return obj
+
+
+def _is_torch_tensor(value: Any) -> bool:
+    torch = sys.modules.get("torch")
+    tensor_type = getattr(torch, "Tensor", None) if torch is not None else None
+    return isinstance(tensor_type, type) and isinstance(value, tensor_type)
+
+
+# Memory registered once and described in parts.
+
+
+class RegisteredMemory:
+    """Memory registered once, from which descriptors are made at any offset
+    (beyond Dynamo; the Rust API's `RegisteredMemory`).
+
+    ``RegisteredMemory(data, connection=None)``: `data` is what `Descriptor`
+    takes. It is registered with `connection` (a `Connection` or a
+    `Connector`) now, or with the connector of the first operation that uses
+    one of its descriptors, and stays registered until the last of its
+    descriptors and this object are gone: operations over its descriptors
+    register nothing.
+
+    `descriptor(offset, size)` owns its bytes until it is dropped; two live
+    descriptors never overlap. An operation holds a descriptor's bytes until
+    the backend let go of them, even after the Python objects are gone (a
+    cancelled transfer still draining, or a NIXL exposure leaked by a cancel):
+    a new descriptor of those bytes is then refused by operations ("in
+    use") until they come back.
+    """
+
+    __slots__ = ("_native", "__weakref__")
+
+    def __init__(
+        self, data: _DescriptorData, connection: Optional[Connection | Connector] = None
+    ) -> None:
+        self._native = _native.RegisteredMemory(data)
+        if connection is not None:
+            self.register_with_connector(connection)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(ptr={hex(self.ptr)}, size={self.size}, "
+            f"device={self.device}, free={self.free})"
+        )
+
+    @property
+    def ptr(self) -> int:
+        """Start address of the memory."""
+        return self._native.ptr
+
+    @property
+    def size(self) -> int:
+        """Bytes of the memory."""
+        return self._native.size
+
+    @property
+    def device(self) -> Device:
+        """The device the memory is on."""
+        return Device(self._native.device)
+
+    @property
+    def is_registered(self) -> bool:
+        """Whether the memory is registered with a connector."""
+        return self._native.is_registered
+
+    @property
+    def free(self) -> int:
+        """Bytes no live descriptor owns (blocks, for a `BlockPool`)."""
+        return self._native.free
+
+    def register_with_connector(self, connection: Connection | Connector) -> None:
+        """Registers the memory with the connection's connector now (nothing if
+        it is registered with it; ``RuntimeError`` if with another)."""
+        self._native.register(
+            _connector_of(connection, "connection", "nixl_connect.Connection")._native_connector()
+        )
+
+    def descriptor(self, offset: int, size: int) -> Descriptor:
+        """A descriptor of `size` bytes at `offset`, owning them while it lives:
+        ``ValueError`` if the range is empty, runs past the memory, or overlaps
+        a live descriptor of this memory."""
+        return Descriptor._of_part(self._native.view(offset, size), self)
+
+
+class BlockPool(RegisteredMemory):
+    """Memory registered once and divided into blocks of `block_size` bytes,
+    checked out as descriptors (beyond Dynamo; the Rust API's `BlockPool`).
+
+    ``BlockPool(data, block_size, connection=None)``; a tail shorter than a
+    block is never handed out. Registration and ownership are
+    `RegisteredMemory`'s: a block comes back when its descriptor is dropped.
+    """
+
+    __slots__ = ()
+
+    def __init__(
+        self,
+        data: _DescriptorData,
+        block_size: int,
+        connection: Optional[Connection | Connector] = None,
+    ) -> None:
+        if isinstance(block_size, bool) or not isinstance(block_size, int):
+            raise TypeError("Argument `block_size` must be an `int`.")
+        if block_size <= 0:
+            raise ValueError("Argument `block_size` must be greater than 0.")
+        self._native = _native.RegisteredMemory(data, block_size)
+        if connection is not None:
+            self.register_with_connector(connection)
+
+    @property
+    def block_size(self) -> int:
+        """Bytes per block."""
+        return cast(int, self._native.block_size)
+
+    def __len__(self) -> int:
+        """Number of blocks."""
+        return self._native.blocks_total
+
+    def checkout(self, n: int) -> Optional[list[Descriptor]]:
+        """`n` one-block descriptors, the lowest free blocks first (neighbours
+        move as one run); ``None``, and nothing checked out, if fewer are free."""
+        natives = self._native.checkout(n)
+        if natives is None:
+            return None
+        return [Descriptor._of_part(d, self) for d in natives]
+
+    def blocks(self, indices: list[int]) -> list[Descriptor]:
+        """The blocks at `indices`, one descriptor each, in that order: all or
+        none; ``ValueError`` names an index out of range, checked out, or
+        listed twice."""
+        return [Descriptor._of_part(d, self) for d in self._native.blocks(list(indices))]
+
+
+def _is_descriptors(value: Any) -> bool:
+    return isinstance(value, Descriptor) or (
+        isinstance(value, list) and all(isinstance(d, Descriptor) for d in value)
+    )
 
 
 def _descriptor_list(value: Any, what: str = "local_descriptors") -> list[Descriptor]:
@@ -590,21 +850,47 @@ def _notifier(loop: asyncio.AbstractEventLoop) -> _native.Notifier:
 
 
 class AbstractOperation(ABC):
-    """An operation: awaitable, cancellable, a context manager."""
+    """An operation: awaitable, cancellable, a context manager.
 
-    def __init__(
+    Made by a `Connector` (``create_readable``, ``begin_read``, ...) or, as
+    Dynamo allows, by its class over a `Connection`
+    (``ReadableOperation(connection, descriptors)``). A subclass may override
+    ``_release`` (Dynamo's pooled components do): nothing here is named so.
+    """
+
+    _KIND = OperationKind.UNSPECIFIED
+
+    def _setup(
         self,
-        connector: Connector,
-        operation_kind: OperationKind,
+        connection: Connection,
         native: _native.Operation,
         local_descriptors: list[Descriptor],
         single: bool,
+        connector: Optional[Connector] = None,
     ) -> None:
-        self._connector = connector
-        self._operation_kind = operation_kind
-        self._native = native
-        self._local_desc_list = local_descriptors
-        self._single = single
+        """Binds the operation to `native`, the native operation over
+        `local_descriptors` that `connection`'s connector (`connector`, if
+        the caller has it) made."""
+        self._connection: Connection = connection
+        self._connector: Connector = connection.connector if connector is None else connector
+        self._operation_kind: OperationKind = self._KIND
+        self._native: _native.Operation = native
+        self._local_desc_list: list[Descriptor] = local_descriptors
+        self._single: bool = single
+
+    @classmethod
+    def _wrap(
+        cls,
+        connection: Connection,
+        native: _native.Operation,
+        local_descriptors: list[Descriptor],
+        single: bool = False,
+    ) -> Self:
+        """An operation of this class over `native`, a native operation that
+        `connection`'s connector already made (no constructor runs)."""
+        op = cls.__new__(cls)
+        op._setup(connection, native, local_descriptors, single)
+        return op
 
     def __enter__(self) -> Self:
         return self
@@ -617,15 +903,17 @@ class AbstractOperation(ABC):
         self._native.reclaim_now()
 
     def __repr__(self) -> str:
+        if getattr(self, "_native", None) is None:
+            return f"{self.__class__.__name__}(<not made>)"
         return (
             f"{self.__class__.__name__}(operation_kind={self._operation_kind}, "
             f"local_descriptors={self._local_desc_list}, status='{self.status}')"
         )
 
     @property
-    def connection(self) -> Connector:
-        """The connector the operation belongs to."""
-        return self._connector
+    def connection(self) -> Connection:
+        """The connection the operation belongs to (``.connector`` is its `Connector`)."""
+        return self._connection
 
     @property
     def operation_kind(self) -> OperationKind:
@@ -636,6 +924,37 @@ class AbstractOperation(ABC):
     def status(self) -> OperationStatus:
         """The status; never blocks."""
         return _STATUSES[self._native.status()]
+
+    @property
+    def _status(self) -> OperationStatus:
+        """Dynamo's field for the status: reads `status`.
+
+        Assigning ``OperationStatus.INITIALIZED`` re-arms a passive operation
+        (see `PassiveOperation`); ``OperationStatus.CANCELLED`` cancels (what
+        Dynamo's ``__exit__`` does with it). Other values are refused
+        (``ValueError``): the status is the native operation's.
+        """
+        return self.status
+
+    @_status.setter
+    def _status(self, value: OperationStatus) -> None:
+        if getattr(self, "_native", None) is None:
+            # A subclass's constructor, before ours bound the operation.
+            return
+        if value == OperationStatus.INITIALIZED:
+            self._rearm()
+        elif value == OperationStatus.CANCELLED:
+            self._native.cancel()
+        else:
+            raise ValueError(
+                "`_status` can be set to INITIALIZED (to re-arm a passive operation) or "
+                f"CANCELLED; got {value!r}."
+            )
+
+    def _rearm(self) -> None:
+        raise RuntimeError(
+            f"{type(self).__name__} cannot be re-armed: start a new operation."
+        )
 
     def cancel(self) -> None:
         """Cancels the operation; no effect once it completed or was cancelled.
@@ -693,6 +1012,30 @@ class AbstractOperation(ABC):
 class ActiveOperation(AbstractOperation):
     """An operation that moves bytes to or from a peer's passive operation."""
 
+    # The peer's agent metadata (not the whole `RdmaMetadata`: a model kept
+    # by the operation would outlive its caller's use of it).
+    _remote_nixl_metadata: str
+    _remote: Optional[Remote] = None
+
+    @property
+    def remote(self) -> Remote:
+        """The peer, as Dynamo's `Remote` names it."""
+        if self._remote is None:
+            self._remote = Remote(self._connection, self._remote_nixl_metadata)
+        return self._remote
+
+
+def _check_connection(connection: Any) -> None:
+    if type(connection) is not Connection and not isinstance(connection, Connection):
+        raise TypeError("Argument `connection` must be `dynamo.nixl_connect.Connection`.")
+
+
+def _local(value: Any) -> tuple[list[Descriptor], bool]:
+    """`_descriptor_list(value)` and whether `value` was one descriptor."""
+    if type(value) is Descriptor:
+        return [value], True
+    return _descriptor_list(value), isinstance(value, Descriptor)
+
 
 class PassiveOperation(AbstractOperation):
     """An operation that exposes local memory to one peer, described by `metadata()`.
@@ -700,13 +1043,82 @@ class PassiveOperation(AbstractOperation):
     Dropped (or still alive at interpreter exit) before it ended, it logs a
     warning to the ``nixl_connect`` logger: its peer's transfer had not
     finished, and may fail (loopback then refuses a READ or WRITE of it;
-    NIXL may still let one that was already connected succeed)."""
+    NIXL may still let one that was already connected succeed).
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._metadata: dict[bool, RdmaMetadata] = {}
+    Dynamo's pooled senders reuse one operation: they lower a descriptor's
+    ``_data_size``, clear ``_serialized_request`` (the cached `metadata`) and
+    set ``_status = OperationStatus.INITIALIZED``. Here that assignment, on an
+    operation that ended and handed its memory back, starts a new native
+    operation over the same descriptors at their current sizes (a new
+    notification key); on one still waiting for its peer it does nothing, and
+    its `metadata` then publishes the lowered sizes of what it exposes (the
+    peer moves a prefix); ``RuntimeError`` if the memory cannot come back (a
+    cancelled NIXL exposure is never handed back)."""
+
+    _metadata: dict[bool, RdmaMetadata]
+    _warned: bool
+
+    def _setup(
+        self,
+        connection: Connection,
+        native: _native.Operation,
+        local_descriptors: list[Descriptor],
+        single: bool,
+        connector: Optional[Connector] = None,
+    ) -> None:
+        AbstractOperation._setup(self, connection, native, local_descriptors, single, connector)
+        self._metadata = {}
         self._warned = False
         _live_passive.add(self)
+
+    def _expose(
+        self, connection: Connection, local_descriptors: Descriptor | list[Descriptor]
+    ) -> None:
+        """Dynamo's constructor: exposes `local_descriptors` through `connection`."""
+        _check_connection(connection)
+        local, single = _local(local_descriptors)
+        connector = connection.connector
+        native = self._exposed(connection, local)
+        self._setup(connection, native, local, single, connector)
+
+    def _exposed(self, connection: Connection, local: list[Descriptor]) -> _native.Operation:
+        connector = connection._native_connector()
+        descriptors = [d._native for d in local]
+        if self._KIND == _READ:
+            return connector.create_readable(descriptors)
+        return connector.create_writable(descriptors)
+
+    def _rearm(self) -> None:
+        native = self._native
+        if native.status() not in _TERMINAL:
+            return
+        native.reclaim_now()
+        if not native.reclaimed:
+            raise RuntimeError(
+                f"{type(self).__name__} cannot be re-armed: the backend still holds its "
+                "memory (a transfer draining, or an exposure a cancel could not revoke)."
+            )
+        try:
+            fresh = self._exposed(self._connection, self._local_desc_list)
+        except (ValueError, RuntimeError) as e:
+            raise RuntimeError(f"{type(self).__name__} cannot be re-armed: {e}") from e
+        self._native = fresh
+        self._metadata.clear()
+        self._warned = False
+
+    @property
+    def _serialized_request(self) -> Optional[RdmaMetadata]:
+        """Dynamo's cache of `metadata()`; assigning ``None`` drops it, so the
+        next `metadata()` is made again (with the descriptors' current sizes)."""
+        return self._metadata.get(False)
+
+    @_serialized_request.setter
+    def _serialized_request(self, value: Optional[RdmaMetadata]) -> None:
+        if getattr(self, "_native", None) is None:
+            return
+        self._metadata.clear()
+        if value is not None:
+            self._metadata[False] = value
 
     def __del__(self) -> None:
         _warn_unfinished(self, "dropped")
@@ -767,7 +1179,35 @@ def _warn_unfinished_at_exit() -> None:
 
 
 class ReadOperation(ActiveOperation):
-    """READs a peer's `ReadableOperation` into local descriptors."""
+    """READs a peer's `ReadableOperation` into local descriptors.
+
+    ``ReadOperation(connection, remote_metadata, local_descriptors)``, as
+    `Connector.begin_read` makes it: the transfer is posted on return. Sizes
+    pair strictly (``ValueError``, Dynamo's words): set a larger buffer's
+    ``_data_size`` to read into its first bytes."""
+
+    _KIND = OperationKind.READ
+
+    def __init__(
+        self,
+        connection: Connection,
+        remote_metadata: RdmaMetadata,
+        local_descriptors: Descriptor | list[Descriptor],
+    ) -> None:
+        _check_connection(connection)
+        if type(remote_metadata) is not RdmaMetadata and not _is_metadata(remote_metadata):
+            raise TypeError(
+                "Argument `remote_metadata` must be `dynamo.nixl_connect.RdmaMetadata`."
+            )
+        if remote_metadata.operation_kind != _READ:
+            raise ValueError("Argument `remote_metadata` must be of kind `READ`.")
+        local, single = _local(local_descriptors)
+        connector = connection.connector
+        native = connection._native_connector().begin_read(
+            _native_of(remote_metadata), [d._native for d in local]
+        )
+        self._setup(connection, native, local, single, connector)
+        self._remote_nixl_metadata = remote_metadata.nixl_metadata
 
     def results(self) -> list[Descriptor]:
         """The local descriptors, which now hold the data; ``RuntimeError`` before completion."""
@@ -778,15 +1218,61 @@ class ReadOperation(ActiveOperation):
 
 
 class WriteOperation(ActiveOperation):
-    """WRITEs local descriptors into a peer's `WritableOperation`."""
+    """WRITEs local descriptors into a peer's `WritableOperation`.
+
+    ``WriteOperation(connection, local_descriptors, remote_metadata)``, as
+    `Connector.begin_write` makes it: the transfer is posted on return."""
+
+    _KIND = OperationKind.WRITE
+
+    def __init__(
+        self,
+        connection: Connection,
+        local_descriptors: Descriptor | list[Descriptor],
+        remote_metadata: RdmaMetadata,
+    ) -> None:
+        _check_connection(connection)
+        if type(remote_metadata) is not RdmaMetadata and not _is_metadata(remote_metadata):
+            raise TypeError(
+                "Argument `remote_metadata` must be `dynamo.nixl_connect.RdmaMetadata`."
+            )
+        if remote_metadata.operation_kind != _WRITE:
+            raise ValueError("Argument `remote_metadata` must be of kind `WRITE`.")
+        local, single = _local(local_descriptors)
+        connector = connection.connector
+        native = connection._native_connector().begin_write(
+            [d._native for d in local], _native_of(remote_metadata)
+        )
+        self._setup(connection, native, local, single, connector)
+        self._remote_nixl_metadata = remote_metadata.nixl_metadata
 
 
 class ReadableOperation(PassiveOperation):
-    """Exposes local memory for a peer to READ; completes when the peer says it is done."""
+    """Exposes local memory for a peer to READ; completes when the peer says it is done.
+
+    ``ReadableOperation(connection, local_descriptors)``, as
+    `Connector.create_readable` makes it."""
+
+    _KIND = OperationKind.READ
+
+    def __init__(
+        self, connection: Connection, local_descriptors: Descriptor | list[Descriptor]
+    ) -> None:
+        self._expose(connection, local_descriptors)
 
 
 class WritableOperation(PassiveOperation):
-    """Exposes local memory for a peer to WRITE; completes when the peer says it is done."""
+    """Exposes local memory for a peer to WRITE; completes when the peer says it is done.
+
+    ``WritableOperation(connection, local_descriptors)``, as
+    `Connector.create_writable` makes it."""
+
+    _KIND = OperationKind.WRITE
+
+    def __init__(
+        self, connection: Connection, local_descriptors: Descriptor | list[Descriptor]
+    ) -> None:
+        self._expose(connection, local_descriptors)
 
 
 # The connector.
@@ -830,6 +1316,169 @@ def _flag_from_env(name: str, default: bool) -> bool:
     raise ValueError(
         f"{name} must be one of {', '.join(_TRUE + _FALSE)}; got {value!r}."
     )
+
+
+class Connection:
+    """Dynamo's `Connection`: what a `Connector`'s operations run through.
+
+    ``Connection(connector, number)`` (Dynamo's argument checks), named
+    ``f"{connector.name}-{number}"``. Here every connection of a connector is
+    a handle on the connector's one native agent: what one registers, another
+    moves. `Connector._create_connection()` shares one, as Dynamo 1.6.1 does;
+    Dynamo's pooled components make their own (``Connection(self, 1)``), which
+    works alike. A descriptor registered through two connections of one
+    connector is accepted here (Dynamo refuses it). Peers are kept by the
+    connector (loaded once, idle ones kept), so the remote reference counts
+    are kept for Dynamo's callers but decide nothing.
+    """
+
+    def __init__(self, connector: Connector, number: int) -> None:
+        if not isinstance(connector, Connector):
+            raise TypeError("Argument `connector` must be `dynamo.nixl_connect.Connector`.")
+        if not isinstance(number, int):
+            raise TypeError("Argument `number` must be of type `int`.")
+        if number <= 0:
+            raise ValueError("Argument `number` must be greater than 0.")
+        self._connector: Optional[Connector] = connector
+        self._connector_ref: Optional[weakref.ref[Connector]] = None
+        self._native: Optional[_native.Connector] = None
+        self._is_initialized = False
+        self._name = f"{connector.name}-{number}"
+        self._remote_refs: dict[str, int] = {}
+        self._remote_refs_lock = threading.Lock()
+
+    @classmethod
+    def _shared(cls, connector: Connector, number: int) -> Connection:
+        """The connection `connector` keeps for its operations: it refers to
+        its connector weakly, so that the two make no reference cycle (a
+        cycle would leave the connector, and its agent, to the garbage
+        collector, perhaps at interpreter exit while transfers still run)."""
+        connection = cls(connector, number)
+        connection._connector_ref = weakref.ref(connector)
+        connection._connector = None
+        return connection
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(is_initialized={self._is_initialized}, name='{self._name}')"
+
+    def __str__(self) -> str:
+        return self._name
+
+    @property
+    def connector(self) -> Connector:
+        """The connector this connection belongs to."""
+        connector = self._connector
+        if connector is None and self._connector_ref is not None:
+            connector = self._connector_ref()
+        if connector is None:
+            raise RuntimeError(f"the connector of connection {self._name!r} is gone")
+        return connector
+
+    @property
+    def name(self) -> str | None:
+        """``f"{connector.name}-{number}"``."""
+        return self._name
+
+    def acquire_remote_ref(self, name: str) -> None:
+        """Counts a reference to peer `name` (kept for Dynamo's callers; peers
+        are loaded and kept by the connector)."""
+        with self._remote_refs_lock:
+            self._remote_refs[name] = self._remote_refs.get(name, 0) + 1
+
+    def release_remote_ref(self, name: str) -> bool:
+        """Drops a reference to peer `name`; whether it was the last."""
+        with self._remote_refs_lock:
+            count = self._remote_refs.get(name)
+            if count is None:
+                return False
+            if count == 1:
+                del self._remote_refs[name]
+                return True
+            self._remote_refs[name] = count - 1
+            return False
+
+    async def initialize(self) -> None:
+        """Does nothing (as in Dynamo 1.6.1) but mark the connection initialized."""
+        self._is_initialized = True
+
+    def _native_connector(self) -> _native.Connector:
+        """The connector's native connector (made on first use)."""
+        native = self._native
+        if native is None:
+            native = self._native = self.connector._native_connector()
+        return native
+
+
+class Remote:
+    """Dynamo's `Remote`: a peer as seen from a `Connection`.
+
+    ``Remote(connection, nixl_metadata)`` (Dynamo's argument checks). Peers
+    are loaded and kept by the connector (decision 0007), so releasing one
+    does nothing; ``_release`` exists so that code replacing it (Dynamo's
+    pooled components assign ``Remote._release``) keeps working.
+    """
+
+    def __init__(self, connection: Connection, nixl_metadata: bytes | str) -> None:
+        if not isinstance(connection, Connection):
+            raise TypeError("Argument `connection` must be `dynamo.nixl_connect.Connection`.")
+        if not isinstance(nixl_metadata, (bytes, str)):
+            raise TypeError("Argument `nixl_metadata` must be `bytes` or `str`.")
+        if len(nixl_metadata) == 0:
+            raise ValueError("Argument `nixl_metadata` cannot be empty.")
+        self._connection = connection
+        self._name = _agent_name(nixl_metadata)
+        self._released = False
+
+    def __enter__(self) -> Remote:
+        return self
+
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        self._release()
+
+    def __repr__(self) -> str:
+        return f"Remote(name={self._name}, connection={self._connection.name})"
+
+    def __str__(self) -> str:
+        return self._name
+
+    def _release(self) -> None:
+        """Does nothing but mark the peer released (the connector keeps peers)."""
+        self._released = True
+
+    @property
+    def connection(self) -> Connection:
+        """The local connection this peer is seen from."""
+        return self._connection
+
+    @property
+    def name(self) -> str:
+        """The peer's agent name."""
+        return self._name
+
+
+def _agent_name(nixl_metadata: bytes | str) -> str:
+    """The agent name in a peer's metadata blob (NIXL's or loopback's):
+    ``b64:``/hex and compressed as `RdmaMetadata` carries it, or raw bytes;
+    ``ValueError`` if it names none. Only the blob's head is inflated."""
+    try:
+        if isinstance(nixl_metadata, str):
+            if nixl_metadata.startswith("b64:"):
+                packed = base64.b64decode(nixl_metadata[len("b64:") :], validate=True)
+            else:
+                packed = bytes.fromhex(nixl_metadata)
+            blob = zlib.decompressobj().decompress(packed, 4096)
+        else:
+            blob = bytes(nixl_metadata[:4096])
+        if blob.startswith(b"nixlSerDes|Agent"):
+            length = int.from_bytes(blob[16:24], "little")
+            name = blob[24 : 24 + length]
+            if 0 < length == len(name):
+                return name.decode("utf-8", "replace")
+        elif blob.startswith(b"LBK2") and len(blob) > 20:
+            return blob[20:].decode("utf-8", "replace")
+    except (ValueError, zlib.error):
+        pass
+    raise ValueError("Argument `nixl_metadata` is not a peer's agent metadata.")
 
 
 class Connector:
@@ -913,8 +1562,14 @@ class Connector:
         self._peer_failure_detection = peer_failure_detection
         self._native: Optional[_native.Connector] = None
         self._native_lock = threading.Lock()
+        # Dynamo's names: a subclass may read or replace them (Dynamo's
+        # pooled components set `_connection` and override `_create_connection`).
+        self._connection_count = 0
+        self._shared_connection: Optional[Connection] = None
+        self._shared_connection_lock = threading.Lock()
 
-    def _connection(self) -> _native.Connector:
+    def _native_connector(self) -> _native.Connector:
+        """The native connector (the agent), made on first use."""
         native = self._native
         if native is None:
             with self._native_lock:
@@ -968,7 +1623,7 @@ class Connector:
         thread (see the class's documentation). The default comes from the
         backend: reading it creates the agent if it does not exist yet."""
         if self._await_spin is None:
-            self._connection()
+            self._native_connector()
         return cast(float, self._await_spin)
 
     @property
@@ -997,6 +1652,22 @@ class Connector:
     async def initialize(self) -> None:
         """Deprecated in Dynamo; does nothing."""
 
+    async def _create_connection(self) -> Connection:
+        """The connection operations run through: one, shared, made under a
+        lock (Dynamo 1.6.1's). `begin_*` and `create_*` await it (once it is
+        made, only if a subclass overrides it), so a subclass's override is
+        what they use."""
+        connection = self._shared_connection
+        if connection is None:
+            with self._shared_connection_lock:
+                if self._shared_connection is None:
+                    self._connection_count += 1
+                    self._shared_connection = Connection._shared(self, self._connection_count)
+                connection = self._shared_connection
+        if not connection._is_initialized:
+            await connection.initialize()
+        return connection
+
     async def begin_read(
         self,
         remote_metadata: RdmaMetadata,
@@ -1006,17 +1677,18 @@ class Connector:
         `local_descriptors`; the transfer is posted before this returns."""
         if remote_metadata is None or not _is_metadata(remote_metadata):
             raise TypeError("Argument `remote_metadata` must be `RdmaMetadata`.")
-        local = _descriptor_list(local_descriptors)
-        if remote_metadata.operation_kind != OperationKind.READ.value:
+        if type(local_descriptors) is not Descriptor and not _is_descriptors(local_descriptors):
+            raise TypeError(
+                "Argument `local_descriptors` must be `dynamo.nixl_connect.Descriptor` or `list[dynamo.nixl_connect.Descriptor]`."
+            )
+        if remote_metadata.operation_kind != _READ:
             raise RuntimeError(
                 "Cannot create a `dynamo.nixl_connect.ReadOperation` to read from a remote `dynamo.nixl_connect.WritableOperation`."
             )
-        native = self._connection().begin_read(
-            _native_of(remote_metadata), [d._native for d in local]
-        )
-        return ReadOperation(
-            self, OperationKind.READ, native, local, isinstance(local_descriptors, Descriptor)
-        )
+        connection = self._shared_connection
+        if connection is None or type(self)._create_connection is not _CREATE_CONNECTION:
+            connection = await self._create_connection()
+        return ReadOperation(connection, remote_metadata, local_descriptors)
 
     async def begin_write(
         self,
@@ -1027,36 +1699,40 @@ class Connector:
         (`remote_metadata`); the transfer is posted before this returns."""
         if remote_metadata is None or not _is_metadata(remote_metadata):
             raise TypeError("Argument `remote_metadata` must be `RdmaMetadata`.")
-        local = _descriptor_list(local_descriptors)
-        if remote_metadata.operation_kind != OperationKind.WRITE.value:
+        if type(local_descriptors) is not Descriptor and not _is_descriptors(local_descriptors):
+            raise TypeError(
+                "Argument `local_descriptors` must be `Descriptor` or `list[Descriptor]`."
+            )
+        if remote_metadata.operation_kind != _WRITE:
             raise RuntimeError(
                 "Cannot create a `WriteOperation` to write to a remote `ReadableOperation`."
             )
         if not isinstance(remote_metadata.nixl_metadata, str):
             raise TypeError("Argument `remote_metadata.nixl_metadata` must be `str`.")
-        native = self._connection().begin_write(
-            [d._native for d in local], _native_of(remote_metadata)
-        )
-        return WriteOperation(
-            self, OperationKind.WRITE, native, local, isinstance(local_descriptors, Descriptor)
-        )
+        connection = self._shared_connection
+        if connection is None or type(self)._create_connection is not _CREATE_CONNECTION:
+            connection = await self._create_connection()
+        return WriteOperation(connection, local_descriptors, remote_metadata)
 
     async def create_readable(
         self, local_descriptors: Descriptor | list[Descriptor]
     ) -> ReadableOperation:
         """Exposes `local_descriptors` for one peer to READ; send it `metadata()`."""
-        local = _descriptor_list(local_descriptors)
-        native = self._connection().create_readable([d._native for d in local])
-        return ReadableOperation(
-            self, OperationKind.READ, native, local, isinstance(local_descriptors, Descriptor)
-        )
+        connection = self._shared_connection
+        if connection is None or type(self)._create_connection is not _CREATE_CONNECTION:
+            connection = await self._create_connection()
+        return ReadableOperation(connection, local_descriptors)
 
     async def create_writable(
         self, local_descriptors: Descriptor | list[Descriptor]
     ) -> WritableOperation:
         """Exposes `local_descriptors` for one peer to WRITE; send it `metadata()`."""
-        local = _descriptor_list(local_descriptors)
-        native = self._connection().create_writable([d._native for d in local])
-        return WritableOperation(
-            self, OperationKind.WRITE, native, local, isinstance(local_descriptors, Descriptor)
-        )
+        connection = self._shared_connection
+        if connection is None or type(self)._create_connection is not _CREATE_CONNECTION:
+            connection = await self._create_connection()
+        return WritableOperation(connection, local_descriptors)
+
+
+# `Connector`'s own `_create_connection`: while a connector's class keeps it,
+# its operations take the shared connection without awaiting a coroutine.
+_CREATE_CONNECTION = Connector._create_connection

@@ -16,6 +16,7 @@ __all__ = [
     "Metadata",
     "Operation",
     "Notifier",
+    "RegisteredMemory",
     "BACKENDS",
     "TYPE_ERROR_MESSAGE",
     "DEVICE_FORMS",
@@ -93,6 +94,11 @@ class Connector:
     def _drop_next_notification(self) -> None:
         """Testing hook (loopback): the next transfer's notification is lost."""
 
+    @property
+    def registrations(self) -> int:
+        """Backend registrations made so far (one per plain descriptor's first
+        use, one per pool)."""
+
     def create_readable(self, descriptors: Sequence[Descriptor]) -> Operation:
         """Exposes the descriptors' memory for one peer to READ."""
 
@@ -118,7 +124,23 @@ class Descriptor:
 
     @property
     def size(self) -> int:
-        """Size in bytes."""
+        """Bytes a transfer moves (the capacity unless `set_size` lowered it)."""
+
+    @property
+    def capacity(self) -> int:
+        """Bytes described (a pool's part: the part's)."""
+
+    def set_size(self, size: int) -> None:
+        """Transfers move the first `size` bytes (``0 < size <= capacity``,
+        else ``ValueError``), from the next time the memory is lent."""
+
+    @property
+    def referent(self) -> object:
+        """The object the memory belongs to (a pool's part: the pool's)."""
+
+    @property
+    def offset(self) -> int | None:
+        """A pool's part: its offset in the pool's memory; ``None`` otherwise."""
 
     @property
     def device(self) -> str:
@@ -148,7 +170,66 @@ class Descriptor:
         """Registers with `connector`; ``RuntimeError`` if registered with another."""
 
     def deregister(self) -> None:
-        """Deregisters (it registers again on its next use)."""
+        """Deregisters (it registers again on its next use); nothing for a pool's part."""
+
+@final
+class RegisteredMemory:
+    """A Python object's memory, registered once and described in parts."""
+
+    def __new__(cls, data: object, block_size: int | None = None) -> RegisteredMemory:
+        """What `Descriptor` takes; in blocks of `block_size` bytes if given."""
+
+    @property
+    def ptr(self) -> int:
+        """Start address."""
+
+    @property
+    def size(self) -> int:
+        """Bytes of the memory."""
+
+    @property
+    def device(self) -> str:
+        """``cpu``, ``cuda:N`` or ``rocm:N``."""
+
+    @property
+    def writable(self) -> bool:
+        """Whether transfers may write into the memory."""
+
+    @property
+    def origin(self) -> str:
+        """What the memory came from."""
+
+    @property
+    def referent(self) -> object:
+        """The object the memory belongs to."""
+
+    @property
+    def block_size(self) -> int | None:
+        """Bytes per block; ``None`` for parts at any offset."""
+
+    @property
+    def blocks_total(self) -> int:
+        """Number of blocks (0 without blocks)."""
+
+    @property
+    def free(self) -> int:
+        """Blocks (block pools) or bytes no live descriptor owns."""
+
+    @property
+    def is_registered(self) -> bool:
+        """Whether the memory is registered with a connector."""
+
+    def register(self, connector: Connector) -> None:
+        """Registers with `connector` now; ``RuntimeError`` if registered with another."""
+
+    def view(self, offset: int, size: int) -> Descriptor:
+        """A part owning `size` bytes at `offset`; ``ValueError`` on overlap or range."""
+
+    def checkout(self, n: int) -> list[Descriptor] | None:
+        """`n` one-block parts, lowest first; ``None`` if fewer are free."""
+
+    def blocks(self, indices: list[int]) -> list[Descriptor]:
+        """The blocks at `indices`, all or none (``ValueError`` naming one)."""
 
 @final
 class Metadata:
@@ -222,9 +303,6 @@ class Operation:
     @property
     def reclaimed(self) -> bool:
         """Whether the memory was handed back."""
-
-    def metadata_json(self) -> str | None:
-        """A passive operation's metadata as Dynamo's JSON; ``None`` if active."""
 
     def metadata(self) -> Metadata | None:
         """A passive operation's metadata; ``None`` if active."""

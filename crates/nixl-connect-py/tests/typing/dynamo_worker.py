@@ -4,13 +4,19 @@
 Two workers share the in-process loopback fabric: a prefill worker exposes its
 KV blocks (readable) and a landing buffer (writable), a decode worker READs the
 blocks and WRITEs a reply, the metadata crossing as JSON as it would over the
-request plane. Every public class of `nixl_connect` appears, the abstract ones
+request plane; then Dynamo's pooled components' way (a re-armed readable, a
+pooled receiver reading prefixes) and this package's pools. Every public class of `nixl_connect` appears, the abstract ones
 in annotations.
 
 Checked, not collected: ``mypy`` and ``pyright`` run in this folder (see
 ``mypy.ini`` and ``pyrightconfig.json``), and ``../test_typed_worker.py`` runs
 ``python dynamo_worker.py``, which exits 0 after printing `OK_LINE`.
 """
+
+# Dynamo's pooled components use private names of the API (`_data_size`,
+# `_data_ref`, `_status`, `_serialized_request`, `_create_connection`); a
+# worker ported from them does too (`pooled_prefixes`).
+# pyright: reportPrivateUsage=false
 
 from __future__ import annotations
 
@@ -22,6 +28,8 @@ import numpy as np
 from nixl_connect import (
     AbstractOperation,
     ActiveOperation,
+    BlockPool,
+    Connection,
     Connector,
     Descriptor,
     Device,
@@ -32,6 +40,8 @@ from nixl_connect import (
     RdmaMetadata,
     ReadableOperation,
     ReadOperation,
+    RegisteredMemory,
+    Remote,
     SerializedDescriptor,
     WritableOperation,
     WriteOperation,
@@ -46,8 +56,9 @@ def describe(operation: AbstractOperation) -> str:
     """What a Dynamo worker logs about any operation."""
     kind: OperationKind = operation.operation_kind
     status: OperationStatus = operation.status
-    owner: Connector = operation.connection
-    return f"{type(operation).__name__}({kind}, {status}) on {owner}"
+    owner: Connection = operation.connection
+    worker: Connector = owner.connector
+    return f"{type(operation).__name__}({kind}, {status}) on {owner} of {worker}"
 
 
 def wire(operation: PassiveOperation) -> str:
@@ -143,6 +154,73 @@ def check_descriptors_and_devices() -> None:
     assert Device("cuda:1") == gpu
 
 
+class PersistentConnector(Connector):
+    """Dynamo's pooled components' connector: one connection of its own."""
+
+    def __init__(self) -> None:
+        super().__init__(backend="loopback")
+        self._connection: Connection | None = None
+
+    async def _create_connection(self) -> Connection:
+        if self._connection is None:
+            self._connection = Connection(self, 1)
+            await self._connection.initialize()
+        return self._connection
+
+
+class NonReleasingReadable(ReadableOperation):
+    """The mm_kwargs sender's readable, re-armed per payload."""
+
+    def _release(self) -> None:
+        pass
+
+
+def keep_remote(self: Remote) -> None:
+    """The components' replacement for `Remote._release`."""
+
+
+async def pooled_prefixes(prefill: Connector) -> None:
+    """A re-armed readable serves two payloads to a pooled receiver, which
+    reads each into the prefix of a pre-registered buffer; then the same
+    through this package's own pools."""
+    Remote._release = keep_remote  # type: ignore[method-assign]
+    receiver = PersistentConnector()
+    connection = await receiver._create_connection()
+    landing = np.zeros(BLOCK, dtype=np.uint8)
+    pooled = Descriptor((landing, "cpu"))
+    pooled.register_with_connector(connection)
+
+    staging = np.zeros(BLOCK, dtype=np.uint8)
+    slot = Descriptor((staging, "cpu"))
+    slot.register_with_connector(await prefill._create_connection())
+    readable = NonReleasingReadable(await prefill._create_connection(), slot)
+    for size in (100, 3000):
+        staging[:size] = size % 251
+        slot._data_size = size
+        slot._serialized = None
+        readable._serialized_request = None
+        readable._status = OperationStatus.INITIALIZED
+        metadata = readable.metadata()
+        pooled._data_size = size
+        prefix = pooled._data_ref[:size]
+        read = await receiver.begin_read(metadata, pooled)
+        assert await finish(read) is OperationStatus.COMPLETE, describe(read)
+        await asyncio.wait_for(readable.wait_for_completion(), TIMEOUT_S)
+        pooled._data_size = pooled.capacity
+        assert bytes(prefix) == bytes([size % 251]) * size, "pooled prefix did not arrive"
+
+    blocks = BlockPool(bytearray(b"k" * 4 * BLOCK), BLOCK, prefill)
+    memory = RegisteredMemory(bytearray(2 * BLOCK), connection)
+    sources: list[Descriptor] | None = blocks.checkout(2)
+    assert sources is not None and blocks.free == 2
+    targets = [memory.descriptor(0, BLOCK), memory.descriptor(BLOCK, BLOCK)]
+    exposed = await prefill.create_readable(sources)
+    moved = await receiver.begin_read(exposed.metadata(), targets)
+    assert await finish(moved) is OperationStatus.COMPLETE, describe(moved)
+    await asyncio.wait_for(exposed.wait_for_completion(), TIMEOUT_S)
+    assert all(bytes(t._data_ref) == b"k" * BLOCK for t in targets)
+
+
 async def main() -> None:
     prefill = Connector(backend="loopback")
     decode = Connector(worker_id="decode-0", backend="loopback")
@@ -155,6 +233,7 @@ async def main() -> None:
     await read_kv_blocks(prefill, decode)
     await write_reply(prefill, decode)
     await cancel_unused(prefill)
+    await pooled_prefixes(prefill)
     print(OK_LINE)
 
 
