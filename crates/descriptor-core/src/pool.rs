@@ -275,6 +275,8 @@ impl std::fmt::Debug for RegisteredMemory {
 mod tests {
     use std::sync::atomic::{AtomicUsize as StdAtomicUsize, Ordering as StdOrdering};
 
+    use std::sync::Mutex;
+
     use proptest::prelude::*;
 
     use super::*;
@@ -499,6 +501,30 @@ mod tests {
             drop((first, second));
             assert_eq!(backend.deregistered.load(Ordering::SeqCst), made);
         }
+    }
+
+    #[test]
+    fn a_refused_second_registration_takes_the_winners() {
+        let (backend, connector) = scripted();
+        let mut first = Descriptor::new(vec![0u8; 64]).unwrap();
+        let second = first.split_off(32).unwrap();
+        // While `first` registers, `second` registers and publishes first;
+        // the backend then refuses `first`'s registration of the same memory.
+        let other = connector.clone();
+        let second = Arc::new(Mutex::new(Some(second)));
+        let inner = Arc::clone(&second);
+        *backend.on_register.lock().unwrap() = Some(Box::new(move || {
+            let mut view = inner.lock().unwrap().take().unwrap();
+            view.register_memory(&other).unwrap();
+            *inner.lock().unwrap() = Some(view);
+        }));
+        backend.refuse_registration.store(true, Ordering::SeqCst);
+        first.register_memory(&connector).unwrap();
+        let second = second.lock().unwrap().take().unwrap();
+        assert!(first.is_registered() && second.is_registered());
+        assert_eq!(backend.registered.load(Ordering::SeqCst), 1);
+        drop((first, second));
+        assert_eq!(backend.deregistered.load(Ordering::SeqCst), 1);
     }
 
     /// What a random sequence does to a pool's views.

@@ -209,7 +209,9 @@ impl<B: ?Sized + MemoryBuffer> Region<B> {
     /// Two views may register at once: each calls the backend with no lock
     /// held, the first to publish wins, and the other deregisters its own
     /// registration (or, if that fails, the buffer is leaked: the backend
-    /// might hand it to peers).
+    /// might hand it to peers). A backend that refuses the second
+    /// registration of the same memory makes the other take the winner's,
+    /// if it was published by then.
     pub(crate) fn register(&self, connector: &Connector) -> Result<RegionId> {
         if let Some(registration) = self.registration.get() {
             return registration.check(connector);
@@ -222,7 +224,19 @@ impl<B: ?Sized + MemoryBuffer> Region<B> {
         // returned `Ok`. `whole.addr` came from `expose_provenance`. Views
         // are disjoint and operations own the views they move (V1, V2), so
         // nothing else touches memory a transfer or an exposure covers.
-        let id = unsafe { backend.register(&self.whole, self.writable)? };
+        let id = match unsafe { backend.register(&self.whole, self.writable) } {
+            Ok(id) => id,
+            // Another view may have registered the region meanwhile, and a
+            // backend that refuses a second registration of the same
+            // memory (NIXL from PR #1773 on) refuses this one: the
+            // winner's registration is the region's.
+            Err(error) => {
+                return match self.registration.get() {
+                    Some(winner) => winner.check(connector),
+                    None => Err(error),
+                };
+            }
+        };
         connector.count_registration();
         let mine = Registration {
             connector_id: connector.id(),

@@ -78,6 +78,12 @@ pub(crate) struct Scripted {
     pub(crate) deregistered: AtomicUsize,
     /// Whether `deregister` fails.
     pub(crate) deregister_fails: AtomicBool,
+    /// Run by the next `register` before it answers (then dropped); with
+    /// `refuse_registration`, that call fails.
+    #[cfg(not(loom))]
+    pub(crate) on_register: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    #[cfg(not(loom))]
+    pub(crate) refuse_registration: AtomicBool,
     /// When set, `release` blocks until this receives (or its sender is
     /// dropped): a settle caught in the middle.
     #[cfg(not(loom))]
@@ -106,6 +112,10 @@ impl Scripted {
             registered: AtomicUsize::new(0),
             deregistered: AtomicUsize::new(0),
             deregister_fails: AtomicBool::new(false),
+            #[cfg(not(loom))]
+            on_register: Mutex::new(None),
+            #[cfg(not(loom))]
+            refuse_registration: AtomicBool::new(false),
             #[cfg(not(loom))]
             release_gate: Mutex::new(None),
         }
@@ -207,6 +217,16 @@ impl RegistrationBackend for Scripted {
     }
 
     unsafe fn register(&self, _region: &Segment, _writable: bool) -> Result<RegionId> {
+        #[cfg(not(loom))]
+        {
+            let hook = self.on_register.lock().unwrap().take();
+            if let Some(hook) = hook {
+                hook();
+                if self.refuse_registration.load(Ordering::SeqCst) {
+                    return Err(Error::backend("scripted", "register", "already registered"));
+                }
+            }
+        }
         self.registered.fetch_add(1, Ordering::SeqCst);
         Ok(RegionId(self.id()))
     }
