@@ -227,8 +227,8 @@ The movers:
   lists prepared once (`prepare_xfer_dlist`); per transfer only
   `make_xfer_req` from the blocks' indices, which merges neighbouring
   blocks. `nixl-sys-raw-prepped-scattered` uses every other block of an
-  arena twice the size, so there is nothing to merge. Both are measured up
-  to 16 MiB a transfer.
+  arena twice the size, so there is nothing to merge. Both are measured at
+  blocks up to 64 KiB, up to 16 MiB a transfer.
 - The `-xproc` movers put the passive side in a child process, as
   deployments do: `nixl-xproc` is this library on both sides with its
   defaults; `nixl-sys-raw-xproc` is raw nixl-sys as a user would write it

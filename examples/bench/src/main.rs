@@ -39,7 +39,7 @@ mod flags {
             optional --peer kind: String
             /// Only these sizes, and no extras: BYTESxCOUNT[,...] (4096x1,65536x16),
             /// each with every mover (by default the prepared-list movers are
-            /// measured only up to 16 MiB a transfer).
+            /// measured only at blocks up to 64 KiB, up to 16 MiB a transfer).
             optional --sizes list: Sizes
             /// Only the cross-process rows, the peer run through this command
             /// prefix ('ip netns exec host-b'; '' runs it plainly).

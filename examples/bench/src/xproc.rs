@@ -36,8 +36,8 @@ use descriptor_core::{Connector, Descriptor, RdmaMetadata};
 use nixl_sys::{Agent, AgentConfig, NotificationMap, XferRequest, XferStatus};
 
 use crate::movers::{
-    Buf, Layout, Mover, Op, PREPPED_MOST, Prepared, Res, blocks, nixl, nixl_connector,
-    peer_failure_detection, ranges, raw_request, raw_ucx_params, seeds,
+    Buf, Layout, Mover, Op, Prepared, Res, blocks, nixl, nixl_connector, peer_failure_detection,
+    prepped_measures, ranges, raw_request, raw_ucx_params, seeds,
 };
 
 /// Set by `--gap-us`: how long each cross-process mover waits before a
@@ -558,7 +558,7 @@ impl Mover for XprocPrepped {
     }
 
     fn measures(&self, block: usize, blocks: usize) -> bool {
-        block * blocks <= PREPPED_MOST
+        prepped_measures(block, blocks)
     }
 }
 
