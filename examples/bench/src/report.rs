@@ -317,15 +317,21 @@ fn print_pairs(rows: &[Row], title: &str, only_with: &[&str], columns: &[(&str, 
     }
     println!();
     for (op, block, blocks) in configs(rows) {
+        let ratios: Vec<Option<f64>> = columns
+            .iter()
+            .map(|(_, mover, base)| {
+                let m = find(rows, mover, op, block, blocks)?;
+                let b = find(rows, base, op, block, blocks)?;
+                Some(m.gbps / b.gbps)
+            })
+            .collect();
+        // Sizes where none of the table's movers ran are left out.
+        if ratios.iter().all(Option::is_none) {
+            continue;
+        }
         print!("{:<6} {:>8} {:>5}", op, human(block), blocks);
-        for (_, mover, base) in columns {
-            let ratio = match (
-                find(rows, mover, op, block, blocks),
-                find(rows, base, op, block, blocks),
-            ) {
-                (Some(m), Some(b)) => format!("{:.2}", m.gbps / b.gbps),
-                _ => "-".into(),
-            };
+        for ratio in ratios {
+            let ratio = ratio.map_or_else(|| "-".into(), |r| format!("{r:.2}"));
             print!(" | {ratio:>10}");
         }
         println!();
