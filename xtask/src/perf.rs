@@ -50,6 +50,8 @@ struct Row {
     p50_runs_us: Vec<f64>,
     /// Metadata rows: the size of the document.
     json_bytes: u64,
+    /// Backend registrations per timed transfer, where the mover counts them.
+    registrations_per_op: Option<f64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -222,10 +224,21 @@ The movers:
   the same process: metadata loaded once, one request per transfer with the
   notification attached, polled with a yield, the target agent progressed in
   the same loop (which a real deployment cannot do).
+- `nixl-sys-raw-prepped` is raw nixl-sys in the same process as
+  `nixl-sys-raw`, but with one registered arena per side and the transfer
+  lists prepared once (`prepare_xfer_dlist`); per transfer only
+  `make_xfer_req` from the blocks' indices, which merges neighbouring
+  blocks. `nixl-sys-raw-prepped-scattered` uses every other block of an
+  arena twice the size, so there is nothing to merge. Both are measured at
+  blocks up to 64 KiB, up to 16 MiB a transfer.
 - The `-xproc` movers put the passive side in a child process, as
   deployments do: `nixl-xproc` is this library on both sides with its
   defaults; `nixl-sys-raw-xproc` is raw nixl-sys as a user would write it
-  across processes (target with NIXL's progress thread at 10 ms).
+  across processes (target with NIXL's progress thread at 10 ms), and
+  `nixl-sys-raw-prepped-xproc` and `nixl-sys-raw-prepped-scattered-xproc`
+  the same with prepared lists.
+- Where a mover counts its backend memory registrations, its cells add
+  the registrations made per timed transfer (`reg/op`).
 - The `py-` movers are the Python package `nixl_connect` against Dynamo's
   own `nixl_connect` and the Rust API, one worker process each, measured in
   turns (crates/nixl-connect-py/bench/bench.py).
@@ -441,8 +454,11 @@ fn results(w: &mut String, report: &Report, plotted: bool) {
                     });
                     match found {
                         Some(r) => {
-                            let _ =
-                                write!(w, " {} µs · {} GB/s |", number(r.p50_us), number(r.gbps));
+                            let _ = write!(w, " {} µs · {} GB/s", number(r.p50_us), number(r.gbps));
+                            if let Some(n) = r.registrations_per_op {
+                                let _ = write!(w, " · {} reg/op", count(n));
+                            }
+                            let _ = write!(w, " |");
                         }
                         None => {
                             let _ = write!(w, " - |");
@@ -591,6 +607,15 @@ fn number(value: f64) -> String {
     }
 }
 
+/// A count per operation: whole when it is, else as [`number`].
+fn count(value: f64) -> String {
+    if value.fract() == 0.0 && value.abs() < 1e15 {
+        format!("{value:.0}")
+    } else {
+        number(value)
+    }
+}
+
 /// Text for a Markdown table cell.
 fn cell(text: &str) -> String {
     text.replace('|', "\\|").replace('\n', " ")
@@ -614,6 +639,12 @@ mod tests {
          "gbps": 9.87, "p50_us": 1700.0, "p99_us": 1900.0, "p50_runs_us": [1700.0, 1700.0]},
         {"backend": "nixl-xproc", "op": "write", "block_bytes": 65536, "blocks": 1,
          "gbps": 1.5, "p50_us": 43.7, "p99_us": 90.0, "p50_runs_us": [43.0, 44.4]},
+        {"backend": "nixl-sys-raw-prepped-xproc", "op": "write", "block_bytes": 65536,
+         "blocks": 1, "gbps": 1.6, "p50_us": 41.0, "p99_us": 80.0, "p50_runs_us": [41.0, 41.0],
+         "registrations_per_op": 0.0},
+        {"backend": "nixl-sys-raw-xproc", "op": "write", "block_bytes": 65536, "blocks": 1,
+         "gbps": 1.2, "p50_us": 54.6, "p99_us": 99.0, "p50_runs_us": [54.6, 54.6],
+         "registrations_per_op": 0.25},
         {"backend": "py-nixl-connect", "op": "read", "block_bytes": 4096, "blocks": 1,
          "gbps": 0.05, "p50_us": 81.0, "p99_us": 120.0, "p50_runs_us": [81.0]},
         {"backend": "py-nixl-connect", "op": "metadata-round-trip", "block_bytes": 4096,
@@ -658,7 +689,7 @@ mod tests {
             "| 4 KiB × 1 | 0.080 µs · 51.2 GB/s | 12.4 µs · 0.330 GB/s |",
             "| 1 MiB × 16 | - | 1700 µs · 9.87 GB/s |",
             "### Across processes: write",
-            "| 64 KiB × 1 | 43.7 µs · 1.50 GB/s |",
+            "| Size | nixl-xproc | nixl-sys-raw-prepped-xproc | nixl-sys-raw-xproc |",
             "### Python: read",
             "the median of 2 sweeps",
             "2 of 4 met.",
@@ -700,6 +731,20 @@ mod tests {
         );
         let none = render(&Report::default(), false);
         assert!(!none.contains("### Python: metadata"), "{none}");
+    }
+
+    #[test]
+    fn cells_add_the_registrations_per_operation_where_the_mover_counts_them() {
+        let page = rendered();
+        // Ours does not count them (no `registrations_per_op`); the raw
+        // baselines do, whole or not.
+        let row = "| 64 KiB × 1 | 43.7 µs · 1.50 GB/s | 41.0 µs · 1.60 GB/s · 0 reg/op \
+                   | 54.6 µs · 1.20 GB/s · 0.250 reg/op |";
+        assert!(page.contains(row), "missing {row:?} in:\n{page}");
+        assert_eq!(page.matches("reg/op |").count(), 2, "{page}");
+        assert_eq!(count(3.0), "3");
+        assert_eq!(count(0.5), "0.500");
+        assert_eq!(count(12.34), "12.3");
     }
 
     #[test]

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use hdrhistogram::Histogram;
 
-use movers::{Api, Memcpy, Mover, Op, RawNixl, Res, Twin};
+use movers::{Api, Memcpy, Mover, Op, RawNixl, RawPrepped, Res, Twin};
 use report::Row;
 
 const KIB: usize = 1 << 10;
@@ -37,7 +37,9 @@ mod flags {
             /// Run as the passive side of the cross-process rows: api,
             /// api-no-thread or raw.
             optional --peer kind: String
-            /// Only these sizes, and no extras: BYTESxCOUNT[,...] (4096x1,65536x16).
+            /// Only these sizes, and no extras: BYTESxCOUNT[,...] (4096x1,65536x16),
+            /// each with every mover (by default the prepared-list movers are
+            /// measured only at blocks up to 64 KiB, up to 16 MiB a transfer).
             optional --sizes list: Sizes
             /// Only the cross-process rows, the peer run through this command
             /// prefix ('ip netns exec host-b'; '' runs it plainly).
@@ -45,8 +47,10 @@ mod flags {
             /// Serve `bench --python` as its Rust API worker (JSON lines on stdin).
             optional --python-worker
             /// Only these movers, and no extras: NAME[,...] (memcpy, loopback,
-            /// nixl, nixl-sys-raw, nixl-xproc, nixl-sys-raw-xproc; and, never by
-            /// default, nixl-sys-raw-twin and nixl-sys-raw-xproc-twin: a second
+            /// nixl, nixl-sys-raw, nixl-sys-raw-prepped,
+            /// nixl-sys-raw-prepped-scattered, nixl-xproc, nixl-sys-raw-xproc,
+            /// nixl-sys-raw-prepped-xproc, nixl-sys-raw-prepped-scattered-xproc;
+            /// and, never by default, nixl-sys-raw-twin and nixl-sys-raw-xproc-twin: a second
             /// raw baseline, whose ratio to the first is the bench's own noise;
             /// nixl-no-thread and nixl-xproc-no-thread: ours without NIXL's
             /// progress threads, as raw runs in process; nixl-sys-raw-thread:
@@ -89,7 +93,11 @@ impl std::str::FromStr for Sizes {
     }
 }
 
-/// (block bytes, blocks) to measure.
+/// (block bytes, blocks) to measure: single blocks, then 16, 256 and (full
+/// sweep) 1024 blocks of 4 KiB, 64 KiB and 1 MiB up to a cap, then many
+/// blocks of 4 KiB, where a request built per transfer costs raw nixl-sys
+/// most against lists prepared once (`nixl-sys-raw-prepped`): 1024 in the
+/// quick sweep too, 4096 in the full one.
 fn sizes(quick: bool) -> Vec<(usize, usize)> {
     let singles: &[usize] = if quick {
         &[4 * KIB, 64 * KIB, MIB, 16 * MIB]
@@ -106,6 +114,8 @@ fn sizes(quick: bool) -> Vec<(usize, usize)> {
             }
         }
     }
+    let many: &[usize] = if quick { &[1024] } else { &[4096] };
+    out.extend(many.iter().map(|&n| (4 * KIB, n)));
     out
 }
 
@@ -203,7 +213,8 @@ fn bandwidth(
     let sizes = only.map_or_else(|| sizes(quick), <[_]>::to_vec);
     let mut sweeps: Vec<Vec<Row>> = Vec::new();
     for run in 1..=runs {
-        sweeps.push(sweep(movers, quick, &sizes, runs)?);
+        // Sizes asked for by name are measured with every mover.
+        sweeps.push(sweep(movers, quick, &sizes, runs, only.is_some())?);
         eprintln!("bench: sweep {run} of {runs} done");
     }
     // The first sweep's rows, in measurement order, take the medians.
@@ -227,6 +238,9 @@ fn bandwidth(
         let (mean_us, slow) = (weighted(|r| r.mean_us), weighted(|r| r.slow));
         (row.mean_us, row.slow) = (mean_us, slow);
         row.iterations += others.iter().map(|r| r.iterations).sum::<u64>();
+        row.registrations = others.iter().fold(row.registrations, |sum, r| {
+            sum.zip(r.registrations).map(|(sum, more)| sum + more)
+        });
         row.p50_runs_us.clone_from(&p50s);
         row.p50_us = median(&mut p50s);
         row.p99_us = median(&mut p99s);
@@ -236,16 +250,23 @@ fn bandwidth(
 }
 
 /// One sweep: every size, the movers taking turns round by round, each round
-/// in a new order.
+/// in a new order; at each size only the movers measured there
+/// ([`Mover::measures`]), or every one (`every`).
 fn sweep(
     movers: &mut [Box<dyn Mover>],
     quick: bool,
     sizes: &[(usize, usize)],
     runs: usize,
+    every: bool,
 ) -> Res<Vec<Row>> {
     let mut rows = Vec::new();
     for &(block, blocks) in sizes {
         for op in [Op::Read, Op::Write] {
+            let mut movers: Vec<&mut dyn Mover> = movers
+                .iter_mut()
+                .filter(|m| every || m.measures(block, blocks))
+                .map(|m| &mut **m)
+                .collect();
             for m in movers.iter_mut() {
                 m.prepare(op, block, blocks)?;
             }
@@ -253,6 +274,11 @@ fn sweep(
             let mut samples = (0..movers.len())
                 .map(|_| Latencies::new())
                 .collect::<Res<Vec<_>>>()?;
+            // Registrations during the timed transfers, where the mover counts.
+            let mut registered: Vec<Option<u64>> = movers
+                .iter()
+                .map(|m| m.registrations().map(|_| 0))
+                .collect();
             // Warm-up round (connections, page faults), verified, not timed.
             for m in movers.iter_mut() {
                 m.run(op)?;
@@ -271,10 +297,11 @@ fn sweep(
             for turn in turns(iters) {
                 shuffle.permute(&mut order);
                 for &i in &order {
-                    take_turn(&mut *movers[i], op, turn, &mut samples[i])?;
+                    let made = take_turn(&mut *movers[i], op, turn, &mut samples[i])?;
+                    registered[i] = registered[i].zip(made).map(|(sum, made)| sum + made);
                 }
             }
-            for (m, s) in movers.iter().zip(samples) {
+            for ((m, s), registrations) in movers.iter().zip(samples).zip(registered) {
                 rows.push(Row {
                     backend: m.name(),
                     op: op.name(),
@@ -287,6 +314,7 @@ fn sweep(
                     slow: s.over(s.at(0.5) * SLOW),
                     p50_runs_us: Vec::new(),
                     iterations: s.len(),
+                    registrations,
                 });
             }
             eprintln!(
@@ -323,22 +351,33 @@ fn turns(iters: usize) -> impl Iterator<Item = usize> {
 }
 
 /// One mover's turn: the machine left quiet for [`SETTLE`], [`WARM_UP`]
-/// transfers untimed, then `timed` transfers back to back, recorded.
+/// transfers untimed, then `timed` transfers back to back, recorded. Returns
+/// the backend registrations the timed transfers made, where the mover
+/// counts them ([`Mover::registrations`]).
 ///
 /// So every mover is timed in its own steady state, as a stream of transfers
 /// would see it, not in the wake of another mover (each leaves threads
 /// behind for a while: NIXL's, and this library's watcher). Why turns of
 /// five, and what the first transfers after the quiet time cost, measured:
 /// docs/decisions/0009-performance-history.md (bench method).
-fn take_turn(mover: &mut dyn Mover, op: Op, timed: usize, samples: &mut Latencies) -> Res<()> {
+fn take_turn(
+    mover: &mut dyn Mover,
+    op: Op,
+    timed: usize,
+    samples: &mut Latencies,
+) -> Res<Option<u64>> {
     std::thread::sleep(SETTLE);
     for _ in 0..WARM_UP {
         mover.run(op)?;
     }
+    let before = mover.registrations();
     for _ in 0..timed {
         samples.record(mover.run(op)?)?;
     }
-    Ok(())
+    let after = mover.registrations();
+    Ok(before
+        .zip(after)
+        .map(|(before, after)| after.saturating_sub(before)))
 }
 
 /// A fixed-seed xorshift generator: reproducible shuffles, no dependency.
@@ -370,7 +409,7 @@ impl Shuffle {
 fn all_movers(only: Option<&str>) -> Res<Vec<Box<dyn Mover>>> {
     type Make = fn() -> Res<Box<dyn Mover>>;
     // (name, in the default set, maker)
-    let all: [(&str, bool, Make); 12] = [
+    let all: [(&str, bool, Make); 16] = [
         ("memcpy", true, || Ok(Box::new(Memcpy::default()))),
         ("loopback", true, || Ok(Box::new(Api::loopback()?))),
         ("nixl", true, || Ok(Box::new(Api::nixl()?))),
@@ -383,6 +422,12 @@ fn all_movers(only: Option<&str>) -> Res<Vec<Box<dyn Mover>>> {
         }),
         ("nixl-sys-raw-twin", false, || {
             Ok(Box::new(Twin::new(RawNixl::new()?, "nixl-sys-raw-twin")))
+        }),
+        ("nixl-sys-raw-prepped", true, || {
+            Ok(Box::new(RawPrepped::contiguous()?))
+        }),
+        ("nixl-sys-raw-prepped-scattered", true, || {
+            Ok(Box::new(RawPrepped::scattered()?))
         }),
         ("nixl-xproc", true, || {
             Ok(Box::new(xproc::XprocApi::new(&[])?))
@@ -399,6 +444,12 @@ fn all_movers(only: Option<&str>) -> Res<Vec<Box<dyn Mover>>> {
         ("nixl-sys-raw-xproc-twin", false, || {
             let raw = xproc::XprocRaw::new(&[])?;
             Ok(Box::new(Twin::new(raw, "nixl-sys-raw-xproc-twin")))
+        }),
+        ("nixl-sys-raw-prepped-xproc", true, || {
+            Ok(Box::new(xproc::XprocPrepped::contiguous()?))
+        }),
+        ("nixl-sys-raw-prepped-scattered-xproc", true, || {
+            Ok(Box::new(xproc::XprocPrepped::scattered()?))
         }),
     ];
     let wanted: Option<Vec<&str>> = only.map(|list| list.split(',').collect());
@@ -577,7 +628,7 @@ mod tests {
     fn a_turn_times_only_the_transfers_after_its_warm_up() {
         let mut mover = Counting(0);
         let mut samples = Latencies::new().unwrap();
-        take_turn(&mut mover, Op::Read, 6, &mut samples).unwrap();
+        assert_eq!(take_turn(&mut mover, Op::Read, 6, &mut samples), Ok(None));
         take_turn(&mut mover, Op::Read, 4, &mut samples).unwrap();
         assert_eq!(mover.0 as usize, 2 * WARM_UP + 10);
         assert_eq!(samples.len(), 10);
@@ -586,6 +637,40 @@ mod tests {
         let at = |q| samples.us(q).round() as usize;
         assert_eq!(WARM_UP, 3);
         assert_eq!([at(0.0), at(0.6), at(0.61), at(1.0)], [4, 9, 13, 16]);
+    }
+
+    /// Registers once per call, and three times more every fourth.
+    struct Registering(u64, u64);
+
+    impl Mover for Registering {
+        fn name(&self) -> &'static str {
+            "registering"
+        }
+        fn prepare(&mut self, _op: Op, _block: usize, _blocks: usize) -> Res<()> {
+            Ok(())
+        }
+        fn run(&mut self, _op: Op) -> Res<Duration> {
+            self.0 += 1;
+            self.1 += if self.0.is_multiple_of(4) { 4 } else { 1 };
+            Ok(Duration::from_micros(1))
+        }
+        fn verify(&self, _op: Op) -> bool {
+            true
+        }
+        fn registrations(&self) -> Option<u64> {
+            Some(self.1)
+        }
+    }
+
+    #[test]
+    fn a_turn_counts_the_registrations_of_its_timed_transfers_only() {
+        let mut mover = Registering(0, 0);
+        let mut samples = Latencies::new().unwrap();
+        // Calls 1-3 warm up (3 registrations), 4-8 are timed: 4 + 1 + 1 + 1 + 4.
+        let made = take_turn(&mut mover, Op::Read, 5, &mut samples).unwrap();
+        assert_eq!(made, Some(11));
+        assert_eq!(mover.1, 14);
+        assert_eq!(samples.len(), 5);
     }
 
     #[test]
@@ -615,6 +700,29 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_full_sweep_has_every_size_the_prepared_list_rows_need() {
+        let full = sizes(false);
+        for size in [
+            (4 * KIB, 1),
+            (4 * KIB, 16),
+            (4 * KIB, 256),
+            (4 * KIB, 1024),
+            (4 * KIB, 4096),
+            (64 * KIB, 16),
+            (64 * KIB, 256),
+        ] {
+            assert!(full.contains(&size), "{size:?} missing from {full:?}");
+        }
+        let quick = sizes(true);
+        assert!(quick.contains(&(4 * KIB, 1024)), "{quick:?}");
+        assert!(!quick.contains(&(4 * KIB, 4096)), "{quick:?}");
+        assert!(quick.iter().all(|s| full.contains(s)), "{quick:?}");
+        let mut distinct = full.clone();
+        distinct.dedup();
+        assert_eq!(distinct, full);
     }
 
     #[test]

@@ -1,4 +1,6 @@
-//! The four ways of moving the same bytes that the bench compares.
+//! The ways of moving the same bytes that the bench compares: memcpy, the
+//! public API, and raw nixl-sys, with a request built per transfer
+//! ([`RawNixl`]) or from lists prepared once ([`RawPrepped`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -8,7 +10,7 @@ use backend_nixl::NixlBackend;
 use descriptor_core::{Connector, Descriptor};
 use nixl_sys::{
     Agent, AgentConfig, MemType, MemoryRegion, NixlDescriptor, NotificationMap, OptArgs,
-    RegistrationHandle, XferDescList, XferOp, XferRequest, XferStatus,
+    RegistrationHandle, XferDescList, XferDlistHandle, XferOp, XferRequest, XferStatus,
 };
 
 pub(crate) type Res<T> = Result<T, String>;
@@ -38,6 +40,29 @@ pub(crate) trait Mover {
     fn run(&mut self, op: Op) -> Res<Duration>;
     /// Whether the destination now equals the source.
     fn verify(&self, op: Op) -> bool;
+    /// Backend memory registrations this mover has made so far, both sides
+    /// counted (`register_memory` calls), or `None` where it does not count
+    /// them. The bench reports the registrations made during the timed
+    /// transfers, per transfer.
+    fn registrations(&self) -> Option<u64> {
+        None
+    }
+    /// Whether the bench measures this mover at `blocks` x `block` B
+    /// (default: at every size of the run).
+    fn measures(&self, block: usize, blocks: usize) -> bool {
+        let _ = (block, blocks);
+        true
+    }
+}
+
+/// Whether the prepared-list baselines are measured at `blocks` x `block`
+/// B: blocks up to 64 KiB, transfers up to 16 MiB. They are there for the
+/// cost per block (4 KiB x 1 to x 4096, 64 KiB x 16 and x 256), which at
+/// larger blocks is lost in the cost per byte, while each such row costs the
+/// bench seconds (the four movers at 1 MiB x 16 and 16 MiB x 1 took about
+/// half their time in the quick bench).
+pub(crate) fn prepped_measures(block: usize, blocks: usize) -> bool {
+    block <= 64 << 10 && block * blocks <= 16 << 20
 }
 
 pub(crate) use test_support::pattern as fill;
@@ -278,6 +303,13 @@ impl Api {
 #[derive(Debug)]
 pub(crate) struct Buf(pub(crate) Vec<u8>);
 
+impl Buf {
+    /// Its first byte's address.
+    pub(crate) fn addr(&self) -> usize {
+        self.0.as_ptr() as usize
+    }
+}
+
 impl MemoryRegion for Buf {
     unsafe fn as_ptr(&self) -> *const u8 {
         self.0.as_ptr()
@@ -309,6 +341,8 @@ pub(crate) struct RawNixl {
     handles: Vec<RegistrationHandle>,
     passive_bufs: Vec<Buf>,
     active_bufs: Vec<Buf>,
+    /// `register_memory` calls so far, both agents.
+    registered: u64,
 }
 
 pub(crate) fn nixl(context: &str) -> impl Fn(nixl_sys::NixlError) -> String + '_ {
@@ -327,29 +361,34 @@ impl RawNixl {
     }
 
     fn with(name: &'static str, progress_thread: bool) -> Res<RawNixl> {
-        backend_nixl::runtime::load().map_err(|e| e.to_string())?;
-        let config = AgentConfig {
-            enable_prog_thread: progress_thread,
-            pthr_delay_us: 100_000,
-            thread_sync: nixl_sys::ThreadSync::Strict,
-            ..AgentConfig::default()
-        };
-        let agent = |name: &str| -> Res<Agent> {
-            let a = Agent::new_configured(name, &config).map_err(nixl("agent"))?;
-            a.create_backend("UCX", &raw_ucx_params(&a)?)
-                .map_err(nixl("backend"))?;
-            Ok(a)
-        };
+        let agent = |side: &str| raw_in_process_agent(&format!("{name}-{side}"), progress_thread);
         Ok(RawNixl {
             name,
-            active: agent(&format!("{name}-active"))?,
-            passive: agent(&format!("{name}-passive"))?,
+            active: agent("active")?,
+            passive: agent("passive")?,
             peer: String::new(),
             handles: Vec::new(),
             passive_bufs: Vec::new(),
             active_bufs: Vec::new(),
+            registered: 0,
         })
     }
+}
+
+/// The configuration of the in-process raw agents: no progress thread unless
+/// asked (then at ours' default delay), strict thread sync.
+fn raw_in_process_agent(name: &str, progress_thread: bool) -> Res<Agent> {
+    backend_nixl::runtime::load().map_err(|e| e.to_string())?;
+    let config = AgentConfig {
+        enable_prog_thread: progress_thread,
+        pthr_delay_us: 100_000,
+        thread_sync: nixl_sys::ThreadSync::Strict,
+        ..AgentConfig::default()
+    };
+    let a = Agent::new_configured(name, &config).map_err(nixl("agent"))?;
+    a.create_backend("UCX", &raw_ucx_params(&a)?)
+        .map_err(nixl("backend"))?;
+    Ok(a)
 }
 
 /// A DRAM transfer list of (address, length) ranges, for the raw baselines.
@@ -379,17 +418,149 @@ pub(crate) fn raw_request(
     notification: &[u8],
 ) -> Res<XferRequest> {
     let (local, remote) = (dram_list(local)?, dram_list(remote)?);
+    let args = notifying(notification)?;
+    agent
+        .create_xfer_req(xfer_op(op), &local, &remote, peer, Some(&args))
+        .map_err(nixl("create"))
+}
+
+/// Request arguments that attach `notification` to the transfer.
+fn notifying(notification: &[u8]) -> Res<OptArgs> {
     let mut args = OptArgs::new().map_err(nixl("args"))?;
     args.set_notification_message(notification)
         .map_err(nixl("notif"))?;
     args.set_has_notification(true).map_err(nixl("notif"))?;
-    let op = match op {
+    Ok(args)
+}
+
+fn xfer_op(op: Op) -> XferOp {
+    match op {
         Op::Read => XferOp::Read,
         Op::Write => XferOp::Write,
-    };
-    agent
-        .create_xfer_req(op, &local, &remote, peer, Some(&args))
-        .map_err(nixl("create"))
+    }
+}
+
+/// Lists prepared once (`prepare_xfer_dlist`) on the initiating agent: its
+/// own blocks, and the peer's.
+///
+/// An [`XferDlistHandle`] keeps only a bare pointer to the agent that made
+/// it (its drop releases the list through that agent), so these must be
+/// dropped before that agent; and the remote list before the peer's metadata
+/// is invalidated. The movers holding one declare it before their agents and
+/// registrations (fields drop in declaration order) and drop it first when
+/// they prepare again.
+pub(crate) struct Prepared {
+    local: XferDlistHandle,
+    remote: XferDlistHandle,
+}
+
+impl Prepared {
+    /// Prepares `local` (ranges in `agent`'s own registered memory) and
+    /// `remote` (ranges in `peer`'s, whose metadata `agent` has loaded).
+    pub(crate) fn new(
+        agent: &Agent,
+        local: impl IntoIterator<Item = (usize, usize)>,
+        peer: &str,
+        remote: impl IntoIterator<Item = (usize, usize)>,
+    ) -> Res<Prepared> {
+        let (local, remote) = (dram_list(local)?, dram_list(remote)?);
+        Ok(Prepared {
+            // NIXL_INIT_AGENT ("") names the initiator's own descriptors.
+            local: agent
+                .prepare_xfer_dlist("", &local, None)
+                .map_err(nixl("prepare local list"))?,
+            remote: agent
+                .prepare_xfer_dlist(peer, &remote, None)
+                .map_err(nixl("prepare remote list"))?,
+        })
+    }
+
+    /// One request from the prepared lists, per transfer: entries `indices`
+    /// of each, the notification attached, as the Dynamo protocol needs.
+    pub(crate) fn request(
+        &self,
+        agent: &Agent,
+        op: Op,
+        indices: &[i32],
+        notification: &[u8],
+    ) -> Res<XferRequest> {
+        let args = notifying(notification)?;
+        agent
+            .make_xfer_req(
+                xfer_op(op),
+                &self.local,
+                indices,
+                &self.remote,
+                indices,
+                Some(&args),
+            )
+            .map_err(nixl("make"))
+    }
+}
+
+/// Seed of the bytes between the scattered blocks, the same on both sides,
+/// so a transfer that reads or writes a gap changes what [`Layout`]'s arenas
+/// compare.
+const GAP_SEED: u64 = 0x6A9;
+
+/// Where the prepared-list baselines keep their blocks: one arena per side,
+/// block `i` at `i * stride * block` (stride 1: contiguous; 2: every other
+/// block, so no two are neighbours).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Layout {
+    block: usize,
+    blocks: usize,
+    stride: usize,
+}
+
+impl Layout {
+    pub(crate) fn new(block: usize, blocks: usize, stride: usize) -> Res<Layout> {
+        if block == 0 || blocks == 0 || stride == 0 {
+            return Err(format!(
+                "an arena of {blocks} x {block} B at stride {stride} is empty"
+            ));
+        }
+        i32::try_from(blocks).map_err(|_| format!("{blocks} blocks: too many to index"))?;
+        Ok(Layout {
+            block,
+            blocks,
+            stride,
+        })
+    }
+
+    /// An arena: block `i` the test bytes of `seed + i` (zeros without a
+    /// seed), as [`blocks`] fills them; the gaps between, the same bytes on
+    /// every side.
+    pub(crate) fn arena(&self, seed: Option<u64>) -> Buf {
+        let mut bytes = vec![0u8; self.block * self.blocks * self.stride];
+        for (slot, chunk) in bytes.chunks_exact_mut(self.block).enumerate() {
+            let (i, gap) = (slot / self.stride, slot % self.stride != 0);
+            match (gap, seed) {
+                (true, _) => chunk.copy_from_slice(&fill(GAP_SEED + slot as u64, self.block)),
+                (false, Some(seed)) => chunk.copy_from_slice(&fill(seed + i as u64, self.block)),
+                (false, None) => {}
+            }
+        }
+        Buf(bytes)
+    }
+
+    /// The blocks' (address, length) in an arena at `base`.
+    pub(crate) fn ranges(&self, base: usize) -> impl Iterator<Item = (usize, usize)> + use<> {
+        let Layout {
+            block,
+            blocks,
+            stride,
+        } = *self;
+        (0..blocks).map(move |i| (base + i * stride * block, block))
+    }
+
+    /// Every block's index in the prepared lists, in order.
+    pub(crate) fn indices(&self) -> Vec<i32> {
+        // `new` checked that the count fits.
+        (0..self.blocks)
+            .map(|i| i32::try_from(i).unwrap_or(i32::MAX))
+            .collect()
+    }
 }
 
 impl Mover for RawNixl {
@@ -402,19 +573,15 @@ impl Mover for RawNixl {
         let (p, a) = seeds(op);
         self.passive_bufs = blocks(p, block, n).into_iter().map(Buf).collect();
         self.active_bufs = blocks(a, block, n).into_iter().map(Buf).collect();
-        for b in &self.passive_bufs {
-            self.handles.push(
-                self.passive
-                    .register_memory(b, None)
-                    .map_err(nixl("register"))?,
-            );
-        }
-        for b in &self.active_bufs {
-            self.handles.push(
-                self.active
-                    .register_memory(b, None)
-                    .map_err(nixl("register"))?,
-            );
+        for (agent, bufs) in [
+            (&self.passive, &self.passive_bufs),
+            (&self.active, &self.active_bufs),
+        ] {
+            for b in bufs {
+                let handle = agent.register_memory(b, None).map_err(nixl("register"))?;
+                self.handles.push(handle);
+                self.registered += 1;
+            }
         }
         let md = self.passive.get_local_md().map_err(nixl("md"))?;
         self.peer = self.active.load_remote_md(&md).map_err(nixl("load"))?;
@@ -430,38 +597,7 @@ impl Mover for RawNixl {
             &self.peer,
             b"raw-bench",
         )?;
-        let mut notifs = NotificationMap::new().map_err(nixl("map"))?;
-        let mut got = 0;
-        if self
-            .active
-            .post_xfer_req(&req, None)
-            .map_err(nixl("post"))?
-        {
-            while self.active.get_xfer_status(&req).map_err(nixl("status"))?
-                == XferStatus::InProgress
-            {
-                // The target must progress too (connection wire-up, notifications).
-                self.passive
-                    .get_notifications(&mut notifs, None)
-                    .map_err(nixl("notifs"))?;
-                got += notifs.len().map_err(nixl("len"))?;
-                std::thread::yield_now();
-            }
-        }
-        let elapsed = started.elapsed();
-        drop(req);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while got == 0 {
-            if Instant::now() > deadline {
-                return Err("raw: no notification".into());
-            }
-            let mut fresh = NotificationMap::new().map_err(nixl("map"))?;
-            self.passive
-                .get_notifications(&mut fresh, None)
-                .map_err(nixl("notifs"))?;
-            got += fresh.len().map_err(nixl("len"))?;
-        }
-        Ok(elapsed)
+        completed_in_process(&self.active, &self.passive, req, started)
     }
 
     fn verify(&self, _op: Op) -> bool {
@@ -469,6 +605,166 @@ impl Mover for RawNixl {
             .iter()
             .zip(&self.active_bufs)
             .all(|(p, a)| p.0 == a.0)
+    }
+
+    fn registrations(&self) -> Option<u64> {
+        Some(self.registered)
+    }
+}
+
+/// Posts `req` on `active` and polls it to completion, progressing `passive`
+/// (the target, in the same process) in the same loop; returns the time from
+/// `started` until the initiator knew, then waits (untimed) for the target's
+/// notification.
+fn completed_in_process(
+    active: &Agent,
+    passive: &Agent,
+    req: XferRequest,
+    started: Instant,
+) -> Res<Duration> {
+    let mut notifs = NotificationMap::new().map_err(nixl("map"))?;
+    let mut got = 0;
+    if active.post_xfer_req(&req, None).map_err(nixl("post"))? {
+        while active.get_xfer_status(&req).map_err(nixl("status"))? == XferStatus::InProgress {
+            // The target must progress too (connection wire-up, notifications).
+            passive
+                .get_notifications(&mut notifs, None)
+                .map_err(nixl("notifs"))?;
+            got += notifs.len().map_err(nixl("len"))?;
+            std::thread::yield_now();
+        }
+    }
+    let elapsed = started.elapsed();
+    drop(req);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while got == 0 {
+        if Instant::now() > deadline {
+            return Err("raw: no notification".into());
+        }
+        let mut fresh = NotificationMap::new().map_err(nixl("map"))?;
+        passive
+            .get_notifications(&mut fresh, None)
+            .map_err(nixl("notifs"))?;
+        got += fresh.len().map_err(nixl("len"))?;
+    }
+    Ok(elapsed)
+}
+
+/// `nixl-sys-raw-prepped` and `nixl-sys-raw-prepped-scattered`: raw nixl-sys
+/// as [`RawNixl`] (both agents in this process, no progress threads, the
+/// target progressed in the initiator's poll loop), but with one registered
+/// arena per side and the transfer lists prepared once: at prepare time one
+/// `register_memory` per side and `prepare_xfer_dlist` for the initiator's
+/// blocks and the target's; per transfer only `make_xfer_req` over every
+/// block's index, post and poll. Contiguous, NIXL merges neighbouring blocks
+/// into one descriptor; scattered (every other block of an arena twice the
+/// size), it cannot.
+pub(crate) struct RawPrepped {
+    name: &'static str,
+    stride: usize,
+    // Fields drop in declaration order: the prepared lists before the
+    // agents (see `Prepared`), the registrations before their arenas.
+    lists: Option<Prepared>,
+    handles: Vec<RegistrationHandle>,
+    passive_arena: Buf,
+    active_arena: Buf,
+    indices: Vec<i32>,
+    peer: String,
+    /// `register_memory` calls so far, both agents.
+    registered: u64,
+    active: Agent,
+    passive: Agent,
+}
+
+impl RawPrepped {
+    /// `nixl-sys-raw-prepped`: the blocks contiguous.
+    pub(crate) fn contiguous() -> Res<RawPrepped> {
+        RawPrepped::with("nixl-sys-raw-prepped", 1)
+    }
+
+    /// `nixl-sys-raw-prepped-scattered`: every other block of the arena.
+    pub(crate) fn scattered() -> Res<RawPrepped> {
+        RawPrepped::with("nixl-sys-raw-prepped-scattered", 2)
+    }
+
+    fn with(name: &'static str, stride: usize) -> Res<RawPrepped> {
+        let agent = |side: &str| raw_in_process_agent(&format!("{name}-{side}"), false);
+        Ok(RawPrepped {
+            name,
+            stride,
+            lists: None,
+            handles: Vec::new(),
+            passive_arena: Buf(Vec::new()),
+            active_arena: Buf(Vec::new()),
+            indices: Vec::new(),
+            peer: String::new(),
+            registered: 0,
+            active: agent("active")?,
+            passive: agent("passive")?,
+        })
+    }
+}
+
+impl Mover for RawPrepped {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn prepare(&mut self, op: Op, block: usize, n: usize) -> Res<()> {
+        // The remote list before the peer's metadata is invalidated, both
+        // before the registrations they point into.
+        self.lists = None;
+        if !self.peer.is_empty() {
+            self.active
+                .invalidate_remote_md(&self.peer)
+                .map_err(nixl("invalidate"))?;
+            self.peer.clear();
+        }
+        self.handles.clear();
+        let layout = Layout::new(block, n, self.stride)?;
+        let (p, a) = seeds(op);
+        self.passive_arena = layout.arena(p);
+        self.active_arena = layout.arena(a);
+        for (agent, arena) in [
+            (&self.passive, &self.passive_arena),
+            (&self.active, &self.active_arena),
+        ] {
+            let handle = agent
+                .register_memory(arena, None)
+                .map_err(nixl("register"))?;
+            self.handles.push(handle);
+            self.registered += 1;
+        }
+        let md = self.passive.get_local_md().map_err(nixl("md"))?;
+        self.peer = self.active.load_remote_md(&md).map_err(nixl("load"))?;
+        self.lists = Some(Prepared::new(
+            &self.active,
+            layout.ranges(self.active_arena.addr()),
+            &self.peer,
+            layout.ranges(self.passive_arena.addr()),
+        )?);
+        self.indices = layout.indices();
+        Ok(())
+    }
+
+    fn run(&mut self, op: Op) -> Res<Duration> {
+        let lists = self.lists.as_ref().ok_or("run before prepare")?;
+        let started = Instant::now();
+        let req = lists.request(&self.active, op, &self.indices, b"raw-prepped")?;
+        completed_in_process(&self.active, &self.passive, req, started)
+    }
+
+    /// The whole arenas: the blocks moved, and the gaps between untouched.
+    fn verify(&self, _op: Op) -> bool {
+        self.passive_arena.0 == self.active_arena.0
+    }
+
+    fn registrations(&self) -> Option<u64> {
+        Some(self.registered)
+    }
+
+    fn measures(&self, block: usize, blocks: usize) -> bool {
+        prepped_measures(block, blocks)
     }
 }
 
@@ -501,5 +797,61 @@ impl Mover for Twin {
     }
     fn verify(&self, op: Op) -> bool {
         self.inner.verify(op)
+    }
+    fn registrations(&self) -> Option<u64> {
+        self.inner.registrations()
+    }
+    fn measures(&self, block: usize, blocks: usize) -> bool {
+        self.inner.measures(block, blocks)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_scattered_arena_has_its_blocks_every_other_slot_and_the_same_gaps_on_every_side() {
+        let layout = Layout::new(8, 3, 2).unwrap();
+        let (src, dst) = (layout.arena(Some(5)), layout.arena(None));
+        assert_eq!(src.0.len(), 48);
+        let ranges: Vec<_> = layout.ranges(1000).collect();
+        assert_eq!(ranges, [(1000, 8), (1016, 8), (1032, 8)]);
+        for (i, (at, len)) in layout.ranges(0).enumerate() {
+            // The blocks hold what `blocks` would give them, or zeros.
+            assert_eq!(src.0[at..at + len], fill(5 + i as u64, 8)[..]);
+            assert!(dst.0[at..at + len].iter().all(|&b| b == 0));
+            // The gap after each block is the same on both sides, not zeros.
+            let gap = at + len..at + 2 * len;
+            assert_eq!(src.0[gap.clone()], dst.0[gap.clone()]);
+            assert!(src.0[gap].iter().any(|&b| b != 0));
+        }
+        assert_eq!(layout.indices(), [0, 1, 2]);
+    }
+
+    #[test]
+    fn the_prepared_list_movers_run_at_small_blocks_up_to_16_mib() {
+        let kib = 1 << 10;
+        for n in [1, 16, 256, 1024, 4096] {
+            assert!(prepped_measures(4 * kib, n), "4 KiB x {n}");
+        }
+        assert!(prepped_measures(64 * kib, 16) && prepped_measures(64 * kib, 256));
+        assert!(!prepped_measures(64 * kib, 1024), "64 MiB");
+        assert!(!prepped_measures(1 << 20, 1) && !prepped_measures(16 << 20, 1));
+    }
+
+    #[test]
+    fn a_contiguous_arena_is_the_blocks_back_to_back() {
+        let layout = Layout::new(16, 4, 1).unwrap();
+        let arena = layout.arena(Some(1));
+        let blocks: Vec<u8> = blocks(Some(1), 16, 4).concat();
+        assert_eq!(arena.0, blocks);
+        assert_eq!(
+            layout.ranges(0).map(|r| r.0).collect::<Vec<_>>(),
+            [0, 16, 32, 48]
+        );
+        for empty in [(0, 1, 1), (1, 0, 1), (1, 1, 0)] {
+            assert!(Layout::new(empty.0, empty.1, empty.2).is_err());
+        }
     }
 }

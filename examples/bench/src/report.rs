@@ -23,6 +23,17 @@ pub(crate) struct Row {
     /// Each sweep's p50, in sweep order (`p50_us` is their median).
     pub(crate) p50_runs_us: Vec<f64>,
     pub(crate) iterations: u64,
+    /// Backend registrations made during the timed transfers (`iterations`
+    /// of them), where the mover counts them.
+    pub(crate) registrations: Option<u64>,
+}
+
+impl Row {
+    /// Backend registrations per timed transfer, where known.
+    pub(crate) fn registrations_per_op(&self) -> Option<f64> {
+        self.registrations
+            .map(|n| n as f64 / self.iterations.max(1) as f64)
+    }
 }
 
 const BACKENDS: [&str; 6] = [
@@ -213,8 +224,40 @@ type RatioTable = (
     &'static [(&'static str, &'static str, &'static str)],
 );
 
-/// The opt-in movers' tables, in the order printed.
-const RATIO_TABLES: [RatioTable; 4] = [
+/// The opt-in movers' tables, and the prepared-list baselines', in the
+/// order printed.
+const RATIO_TABLES: [RatioTable; 5] = [
+    // Raw with one registered arena per side and lists prepared once, the
+    // request made per transfer from indices, against raw with a request
+    // built per transfer: what merging neighbouring blocks saves (contiguous)
+    // and what preparing alone saves (scattered, nothing to merge).
+    (
+        "raw with prepared lists against raw with a request built per transfer (GB/s ratio)",
+        &[
+            "nixl-sys-raw-prepped",
+            "nixl-sys-raw-prepped-scattered",
+            "nixl-sys-raw-prepped-xproc",
+            "nixl-sys-raw-prepped-scattered-xproc",
+        ],
+        &[
+            ("prepped", "nixl-sys-raw-prepped", "nixl-sys-raw"),
+            (
+                "scattered",
+                "nixl-sys-raw-prepped-scattered",
+                "nixl-sys-raw",
+            ),
+            (
+                "x prepped",
+                "nixl-sys-raw-prepped-xproc",
+                "nixl-sys-raw-xproc",
+            ),
+            (
+                "x scattered",
+                "nixl-sys-raw-prepped-scattered-xproc",
+                "nixl-sys-raw-xproc",
+            ),
+        ],
+    ),
     // Each raw baseline against its twin, a second instance of it in the
     // same run: two runs of one program differ by this much, so a ratio of
     // ours to raw means no more than that.
@@ -274,15 +317,21 @@ fn print_pairs(rows: &[Row], title: &str, only_with: &[&str], columns: &[(&str, 
     }
     println!();
     for (op, block, blocks) in configs(rows) {
+        let ratios: Vec<Option<f64>> = columns
+            .iter()
+            .map(|(_, mover, base)| {
+                let m = find(rows, mover, op, block, blocks)?;
+                let b = find(rows, base, op, block, blocks)?;
+                Some(m.gbps / b.gbps)
+            })
+            .collect();
+        // Sizes where none of the table's movers ran are left out.
+        if ratios.iter().all(Option::is_none) {
+            continue;
+        }
         print!("{:<6} {:>8} {:>5}", op, human(block), blocks);
-        for (_, mover, base) in columns {
-            let ratio = match (
-                find(rows, mover, op, block, blocks),
-                find(rows, base, op, block, blocks),
-            ) {
-                (Some(m), Some(b)) => format!("{:.2}", m.gbps / b.gbps),
-                _ => "-".into(),
-            };
+        for ratio in ratios {
+            let ratio = ratio.map_or_else(|| "-".into(), |r| format!("{r:.2}"));
             print!(" | {ratio:>10}");
         }
         println!();
@@ -429,6 +478,7 @@ pub(crate) fn json(rows: &[Row], extras: &Extras) -> String {
                 "gbps": r.gbps, "p50_us": r.p50_us, "p99_us": r.p99_us,
                 "mean_us": r.mean_us, "slow_share": r.slow,
                 "p50_runs_us": r.p50_runs_us, "iterations": r.iterations,
+                "registrations_per_op": r.registrations_per_op(),
             })
         })
         .collect();
@@ -582,6 +632,7 @@ mod tests {
             slow: 0.0,
             p50_runs_us: vec![1.0],
             iterations: 9,
+            registrations: None,
         };
         let rows = [
             row("memcpy", 4096, 10.0),

@@ -15,6 +15,11 @@
 //!   already waits for the notification while the transfer runs (`arm`),
 //!   polling NIXL for it with a yield, as NIXL's examples wait: the state
 //!   ours' passive side is in, since it waits from the moment it exposes.
+//! - `nixl-sys-raw-prepped-xproc` and `nixl-sys-raw-prepped-scattered-xproc`:
+//!   `nixl-sys-raw-xproc` with one registered arena per side (the target's
+//!   from `arena`) and the transfer lists prepared once on the initiator; per
+//!   transfer only `make_xfer_req` from the blocks' indices. Contiguous
+//!   blocks, or every other block of an arena twice the size.
 //!
 //! Timed, as in-process: from the initiator's first call until it knows the
 //! transfer completed. The child's side of each round (publishing metadata,
@@ -28,11 +33,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use descriptor_core::{Connector, Descriptor, RdmaMetadata};
-use nixl_sys::{Agent, AgentConfig, NotificationMap, XferStatus};
+use nixl_sys::{Agent, AgentConfig, NotificationMap, XferRequest, XferStatus};
 
 use crate::movers::{
-    Buf, Mover, Op, Res, blocks, nixl, nixl_connector, peer_failure_detection, ranges, raw_request,
-    raw_ucx_params, seeds,
+    Buf, Layout, Mover, Op, Prepared, Res, blocks, nixl, nixl_connector, peer_failure_detection,
+    prepped_measures, ranges, raw_request, raw_ucx_params, seeds,
 };
 
 /// Set by `--gap-us`: how long each cross-process mover waits before a
@@ -285,6 +290,10 @@ pub(crate) struct XprocRaw {
     handles: Vec<nixl_sys::RegistrationHandle>,
     bufs: Vec<Buf>,
     sent: u64,
+    /// `register_memory` calls so far: this side's, and the peer's as it
+    /// last reported them.
+    registered: u64,
+    peer_registered: u64,
 }
 
 impl XprocRaw {
@@ -299,6 +308,8 @@ impl XprocRaw {
             handles: Vec::new(),
             bufs: Vec::new(),
             sent: 0,
+            registered: 0,
+            peer_registered: 0,
         })
     }
 
@@ -324,11 +335,8 @@ impl Mover for XprocRaw {
             .peer
             .get_mut()
             .ask(&format!("prepare {} {block} {n}", op.name()))?;
-        let mut words = reply.split(' ');
-        let (Some("md"), Some(md), Some(addrs)) = (words.next(), words.next(), words.next()) else {
-            return Err(format!("peer: {reply}"));
-        };
-        let md = descriptor_core::decode_agent_metadata(md).map_err(|e| e.to_string())?;
+        let (md, addrs, registered) = peer_memory(&reply)?;
+        self.peer_registered = registered;
         if !self.remote_name.is_empty() {
             let _ = self.agent.invalidate_remote_md(&self.remote_name);
         }
@@ -349,6 +357,7 @@ impl Mover for XprocRaw {
                     .register_memory(b, None)
                     .map_err(|e| format!("register: {e}"))?,
             );
+            self.registered += 1;
         }
         Ok(())
     }
@@ -371,15 +380,8 @@ impl Mover for XprocRaw {
             &self.remote_name,
             b"raw-xproc",
         )?;
-        if self.agent.post_xfer_req(&req, None).map_err(nixl("post"))? {
-            while self.agent.get_xfer_status(&req).map_err(nixl("status"))?
-                == XferStatus::InProgress
-            {
-                std::thread::yield_now();
-            }
-        }
+        completed(&self.agent, req)?;
         let elapsed = started.elapsed();
-        drop(req);
         self.sent += 1;
         let reply = if self.waiting {
             peer.line()?
@@ -396,6 +398,167 @@ impl Mover for XprocRaw {
         let mine = crc(self.bufs.iter().map(|b| b.0.as_slice()));
         let theirs = self.peer.borrow_mut().ask("crc");
         theirs.is_ok_and(|t| t == mine.to_string())
+    }
+
+    fn registrations(&self) -> Option<u64> {
+        Some(self.registered + self.peer_registered)
+    }
+}
+
+/// Posts `req` on `agent` and polls its status, with a yield, until it is
+/// no longer in progress; then drops it.
+fn completed(agent: &Agent, req: XferRequest) -> Res<()> {
+    if agent.post_xfer_req(&req, None).map_err(nixl("post"))? {
+        while agent.get_xfer_status(&req).map_err(nixl("status"))? == XferStatus::InProgress {
+            std::thread::yield_now();
+        }
+    }
+    Ok(())
+}
+
+/// The raw peer's answer to `prepare` or `arena`: `md METADATA ADDRS COUNT`,
+/// its agent's metadata, the addresses of its buffers (comma-separated) and
+/// the `register_memory` calls it has made so far.
+fn peer_memory(reply: &str) -> Res<(Vec<u8>, &str, u64)> {
+    let mut words = reply.split(' ');
+    let (Some("md"), Some(md), Some(addrs), Some(registered), None) = (
+        words.next(),
+        words.next(),
+        words.next(),
+        words.next(),
+        words.next(),
+    ) else {
+        return Err(format!("peer: {reply}"));
+    };
+    let md = descriptor_core::decode_agent_metadata(md).map_err(|e| e.to_string())?;
+    Ok((md, addrs, parse(registered)?))
+}
+
+/// `nixl-sys-raw-prepped-xproc` and `nixl-sys-raw-prepped-scattered-xproc`:
+/// raw nixl-sys across processes as [`XprocRaw`] (the target in a child
+/// process with NIXL's progress thread, looking for the notification after
+/// the transfer), but with one registered arena per side and the lists
+/// prepared once on the initiator: per transfer only `make_xfer_req` from
+/// the blocks' indices, post and poll.
+pub(crate) struct XprocPrepped {
+    name: &'static str,
+    stride: usize,
+    // Fields drop in declaration order: the prepared lists before the agent
+    // (see `Prepared`), the registration before its arena.
+    lists: Option<Prepared>,
+    handle: Option<nixl_sys::RegistrationHandle>,
+    arena: Buf,
+    indices: Vec<i32>,
+    peer: RefCell<Peer>,
+    remote_name: String,
+    sent: u64,
+    /// `register_memory` calls so far: this side's, and the peer's as it
+    /// last reported them.
+    registered: u64,
+    peer_registered: u64,
+    agent: Agent,
+}
+
+impl XprocPrepped {
+    /// `nixl-sys-raw-prepped-xproc`: the blocks contiguous.
+    pub(crate) fn contiguous() -> Res<XprocPrepped> {
+        XprocPrepped::with("nixl-sys-raw-prepped-xproc", 1)
+    }
+
+    /// `nixl-sys-raw-prepped-scattered-xproc`: every other block.
+    pub(crate) fn scattered() -> Res<XprocPrepped> {
+        XprocPrepped::with("nixl-sys-raw-prepped-scattered-xproc", 2)
+    }
+
+    fn with(name: &'static str, stride: usize) -> Res<XprocPrepped> {
+        Ok(XprocPrepped {
+            name,
+            stride,
+            lists: None,
+            handle: None,
+            arena: Buf(Vec::new()),
+            indices: Vec::new(),
+            agent: raw_agent(&format!("{name}-active-{}", std::process::id()))?,
+            peer: RefCell::new(Peer::spawn("raw", &[])?),
+            remote_name: String::new(),
+            sent: 0,
+            registered: 0,
+            peer_registered: 0,
+        })
+    }
+}
+
+impl Mover for XprocPrepped {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn prepare(&mut self, op: Op, block: usize, n: usize) -> Res<()> {
+        // The remote list before the peer's metadata is invalidated, both
+        // before the registration the local one points into.
+        self.lists = None;
+        self.handle = None;
+        let layout = Layout::new(block, n, self.stride)?;
+        let reply =
+            self.peer
+                .get_mut()
+                .ask(&format!("arena {} {block} {n} {}", op.name(), self.stride))?;
+        let (md, base, registered) = peer_memory(&reply)?;
+        self.peer_registered = registered;
+        let base: usize = parse(base)?;
+        if !self.remote_name.is_empty() {
+            self.agent
+                .invalidate_remote_md(&self.remote_name)
+                .map_err(nixl("invalidate"))?;
+        }
+        self.remote_name = self.agent.load_remote_md(&md).map_err(nixl("load"))?;
+        let (_, a) = seeds(op);
+        self.arena = layout.arena(a);
+        self.handle = Some(
+            self.agent
+                .register_memory(&self.arena, None)
+                .map_err(nixl("register"))?,
+        );
+        self.registered += 1;
+        self.lists = Some(Prepared::new(
+            &self.agent,
+            layout.ranges(self.arena.addr()),
+            &self.remote_name,
+            layout.ranges(base),
+        )?);
+        self.indices = layout.indices();
+        Ok(())
+    }
+
+    fn run(&mut self, op: Op) -> Res<Duration> {
+        let lists = self.lists.as_ref().ok_or("run before prepare")?;
+        let peer = self.peer.get_mut();
+        pause();
+        let started = Instant::now();
+        let req = lists.request(&self.agent, op, &self.indices, b"raw-prepped-xproc")?;
+        completed(&self.agent, req)?;
+        let elapsed = started.elapsed();
+        self.sent += 1;
+        let reply = peer.ask(&format!("sync {}", self.sent))?;
+        if reply != "synced" {
+            return Err(format!("peer: {reply}"));
+        }
+        Ok(elapsed)
+    }
+
+    /// The whole arenas: the blocks moved, and the gaps between untouched.
+    fn verify(&self, _op: Op) -> bool {
+        let mine = crc(std::iter::once(self.arena.0.as_slice()));
+        let theirs = self.peer.borrow_mut().ask("crc");
+        theirs.is_ok_and(|t| t == mine.to_string())
+    }
+
+    fn registrations(&self) -> Option<u64> {
+        Some(self.registered + self.peer_registered)
+    }
+
+    fn measures(&self, block: usize, blocks: usize) -> bool {
+        prepped_measures(block, blocks)
     }
 }
 
@@ -461,6 +624,7 @@ pub(crate) fn serve(kind: &str) -> Res<()> {
             let mut handles: Vec<nixl_sys::RegistrationHandle> = Vec::new();
             let mut bufs: Vec<Buf> = Vec::new();
             let mut received = 0u64;
+            let mut registered = 0u64;
             for line in stdin.lock().lines() {
                 let line = line.map_err(|e| e.to_string())?;
                 let words: Vec<&str> = line.split(' ').collect();
@@ -478,17 +642,21 @@ pub(crate) fn serve(kind: &str) -> Res<()> {
                                     .register_memory(b, None)
                                     .map_err(|e| format!("register: {e}"))?,
                             );
+                            registered += 1;
                         }
-                        let md = agent.get_local_md().map_err(|e| format!("md: {e}"))?;
-                        let addrs: Vec<String> = bufs
-                            .iter()
-                            .map(|b| (b.0.as_ptr() as usize).to_string())
-                            .collect();
-                        say(format!(
-                            "md {} {}",
-                            descriptor_core::encode_agent_metadata(&md),
-                            addrs.join(",")
-                        ))?;
+                        say(memory_line(&agent, &bufs, registered)?)?;
+                    }
+                    // One arena, registered once: the prepared-list rows.
+                    ["arena", op, block, n, stride] => {
+                        handles.clear();
+                        let (p, _) = seeds(op_of(op)?);
+                        let layout = Layout::new(parse(block)?, parse(n)?, parse(stride)?)?;
+                        bufs = vec![layout.arena(p)];
+                        for b in &bufs {
+                            handles.push(agent.register_memory(b, None).map_err(nixl("register"))?);
+                            registered += 1;
+                        }
+                        say(memory_line(&agent, &bufs, registered)?)?;
                     }
                     ["sync", count] => {
                         let nap = Some(Duration::from_micros(20));
@@ -509,6 +677,17 @@ pub(crate) fn serve(kind: &str) -> Res<()> {
         }
         other => Err(format!("unknown peer kind {other:?}")),
     }
+}
+
+/// The raw peer's `md METADATA ADDRS COUNT` line ([`peer_memory`]).
+fn memory_line(agent: &Agent, bufs: &[Buf], registered: u64) -> Res<String> {
+    let md = agent.get_local_md().map_err(|e| format!("md: {e}"))?;
+    let addrs: Vec<String> = bufs.iter().map(|b| b.addr().to_string()).collect();
+    Ok(format!(
+        "md {} {} {registered}",
+        descriptor_core::encode_agent_metadata(&md),
+        addrs.join(",")
+    ))
 }
 
 /// Polls `agent` for notifications until `count` have come in all told
