@@ -47,8 +47,10 @@ mod flags {
             /// Serve `bench --python` as its Rust API worker (JSON lines on stdin).
             optional --python-worker
             /// Only these movers, and no extras: NAME[,...] (memcpy, loopback,
-            /// nixl, nixl-sys-raw, nixl-sys-raw-prepped,
-            /// nixl-sys-raw-prepped-scattered, nixl-xproc, nixl-sys-raw-xproc,
+            /// loopback-pool, loopback-pool-scattered, nixl, nixl-pool,
+            /// nixl-pool-scattered, nixl-sys-raw, nixl-sys-raw-prepped,
+            /// nixl-sys-raw-prepped-scattered, nixl-xproc, nixl-pool-xproc,
+            /// nixl-pool-scattered-xproc, nixl-sys-raw-xproc,
             /// nixl-sys-raw-prepped-xproc, nixl-sys-raw-prepped-scattered-xproc;
             /// and, never by default, nixl-sys-raw-twin and nixl-sys-raw-xproc-twin: a second
             /// raw baseline, whose ratio to the first is the bench's own noise;
@@ -409,10 +411,22 @@ impl Shuffle {
 fn all_movers(only: Option<&str>) -> Res<Vec<Box<dyn Mover>>> {
     type Make = fn() -> Res<Box<dyn Mover>>;
     // (name, in the default set, maker)
-    let all: [(&str, bool, Make); 16] = [
+    let all: [(&str, bool, Make); 22] = [
         ("memcpy", true, || Ok(Box::new(Memcpy::default()))),
         ("loopback", true, || Ok(Box::new(Api::loopback()?))),
+        ("loopback-pool", true, || {
+            Ok(Box::new(Api::loopback_pool("loopback-pool", 1)?))
+        }),
+        ("loopback-pool-scattered", true, || {
+            Ok(Box::new(Api::loopback_pool("loopback-pool-scattered", 2)?))
+        }),
         ("nixl", true, || Ok(Box::new(Api::nixl()?))),
+        ("nixl-pool", true, || {
+            Ok(Box::new(Api::nixl_pool("nixl-pool", 1)?))
+        }),
+        ("nixl-pool-scattered", true, || {
+            Ok(Box::new(Api::nixl_pool("nixl-pool-scattered", 2)?))
+        }),
         ("nixl-no-thread", false, || {
             Ok(Box::new(Api::nixl_without_thread()?))
         }),
@@ -431,6 +445,15 @@ fn all_movers(only: Option<&str>) -> Res<Vec<Box<dyn Mover>>> {
         }),
         ("nixl-xproc", true, || {
             Ok(Box::new(xproc::XprocApi::new(&[])?))
+        }),
+        ("nixl-pool-xproc", true, || {
+            Ok(Box::new(xproc::XprocApi::pool("nixl-pool-xproc", 1)?))
+        }),
+        ("nixl-pool-scattered-xproc", true, || {
+            Ok(Box::new(xproc::XprocApi::pool(
+                "nixl-pool-scattered-xproc",
+                2,
+            )?))
         }),
         ("nixl-xproc-no-thread", false, || {
             Ok(Box::new(xproc::XprocApi::without_thread()?))

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use backend_loopback::{Fabric, LoopbackBackend};
 use backend_nixl::NixlBackend;
-use descriptor_core::{Connector, Descriptor};
+use std::num::NonZeroUsize;
+
+use descriptor_core::{BlockPool, Connector, Descriptor};
 use nixl_sys::{
     Agent, AgentConfig, MemType, MemoryRegion, NixlDescriptor, NotificationMap, OptArgs,
     RegistrationHandle, XferDescList, XferDlistHandle, XferOp, XferRequest, XferStatus,
@@ -161,6 +163,11 @@ pub(crate) struct Api {
     /// How the active side waits: `wait()` (the default), or awaiting its
     /// completion future on a thread-parking executor.
     pub(crate) awaiting: bool,
+    /// `Some(stride)`: the blocks are views of one `BlockPool` per side,
+    /// block `i` at slot `i * stride` (1: contiguous runs, which the
+    /// backend moves as one descriptor; 2: every other block, scattered);
+    /// `None`: a buffer registered per block.
+    pool: Option<usize>,
 }
 
 impl Api {
@@ -182,6 +189,22 @@ impl Api {
         Api::nixl_with("nixl", true)
     }
 
+    /// `nixl-pool` (stride 1) and `nixl-pool-scattered` (stride 2): our
+    /// API over views of one registered pool per side.
+    pub(crate) fn nixl_pool(name: &'static str, stride: usize) -> Res<Api> {
+        let mut api = Api::nixl_with(name, true)?;
+        api.pool = Some(stride);
+        Ok(api)
+    }
+
+    /// `loopback-pool` (stride 1) and `loopback-pool-scattered` (stride 2).
+    pub(crate) fn loopback_pool(name: &'static str, stride: usize) -> Res<Api> {
+        let mut api = Api::loopback()?;
+        api.name = name;
+        api.pool = Some(stride);
+        Ok(api)
+    }
+
     /// `nixl-no-thread`: both agents without NIXL's progress thread, as the
     /// in-process raw baseline runs: what that thread costs in process.
     pub(crate) fn nixl_without_thread() -> Res<Api> {
@@ -201,6 +224,7 @@ impl Api {
             passive_descs: Vec::new(),
             active_descs: Vec::new(),
             awaiting: false,
+            pool: None,
         }
     }
 
@@ -222,8 +246,20 @@ impl Mover for Api {
 
     fn prepare(&mut self, op: Op, block: usize, n: usize) -> Res<()> {
         let (p, a) = seeds(op);
-        self.passive_descs = Api::registered(&self.passive, blocks(p, block, n))?;
-        self.active_descs = Api::registered(&self.active, blocks(a, block, n))?;
+        // The previous size's views (and with them its pools) go first.
+        self.passive_descs.clear();
+        self.active_descs.clear();
+        match self.pool {
+            None => {
+                self.passive_descs = Api::registered(&self.passive, blocks(p, block, n))?;
+                self.active_descs = Api::registered(&self.active, blocks(a, block, n))?;
+            }
+            Some(stride) => {
+                let layout = Layout::new(block, n, stride)?;
+                self.passive_descs = pool_views(&self.passive, layout, p)?;
+                self.active_descs = pool_views(&self.active, layout, a)?;
+            }
+        }
         Ok(())
     }
 
@@ -287,6 +323,30 @@ impl Mover for Api {
             .zip(&self.active_descs)
             .all(|(p, a)| p.as_slice() == a.as_slice())
     }
+
+    fn registrations(&self) -> Option<u64> {
+        Some(self.passive.registrations() + self.active.registrations())
+    }
+
+    fn measures(&self, block: usize, blocks: usize) -> bool {
+        self.pool.is_none() || prepped_measures(block, blocks)
+    }
+}
+
+/// One `BlockPool` registered with `connector` over an arena of `layout`
+/// (block `i` holding the test bytes of `seed + i`), and a view of each of
+/// its blocks, in order: what the pooled movers move. The views keep the
+/// pool registered.
+pub(crate) fn pool_views(
+    connector: &Connector,
+    layout: Layout,
+    seed: Option<u64>,
+) -> Res<Vec<Descriptor>> {
+    let e = |e: descriptor_core::Error| e.to_string();
+    let block = NonZeroUsize::new(layout.block).ok_or("empty blocks")?;
+    let pool = BlockPool::new(connector, layout.arena(seed).0, block).map_err(e)?;
+    let indices: Vec<usize> = (0..layout.blocks).map(|i| i * layout.stride).collect();
+    pool.checkout_blocks(&indices).map_err(e)
 }
 
 impl Api {

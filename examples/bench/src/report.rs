@@ -405,6 +405,80 @@ fn targets(rows: &[Row], extras: &Extras) -> Vec<String> {
             }
         }
     }
+    // Issue 36: registered once, moved in parts.
+    let worst_from = |backend: &str, base: &str, min_bytes: usize| {
+        configs(rows)
+            .into_iter()
+            .filter(|&(_, block, blocks)| block * blocks >= min_bytes)
+            .filter_map(|(op, block, blocks)| {
+                let a = find(rows, backend, op, block, blocks)?;
+                let b = find(rows, base, op, block, blocks)?;
+                Some((a.gbps / b.gbps, format!("{op} {blocks} x {}", human(block))))
+            })
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+    };
+    for (pool, raw) in [
+        ("nixl-pool", "nixl-sys-raw-prepped"),
+        ("nixl-pool-scattered", "nixl-sys-raw-prepped-scattered"),
+        ("nixl-pool-xproc", "nixl-sys-raw-prepped-xproc"),
+        (
+            "nixl-pool-scattered-xproc",
+            "nixl-sys-raw-prepped-scattered-xproc",
+        ),
+    ] {
+        if let Some((r, at)) = worst(pool, raw, 0) {
+            out.push(format!(
+                "{} {pool} >= 0.90 x {raw} at every row: worst {r:.2} ({at})",
+                verdict(r >= 0.9)
+            ));
+        }
+    }
+    for blocks in [256, 1024] {
+        let ratio = ["read", "write"]
+            .into_iter()
+            .filter_map(|op| {
+                let a = find(rows, "nixl-pool", op, 4096, blocks)?;
+                let b = find(rows, "nixl", op, 4096, blocks)?;
+                Some(a.gbps / b.gbps)
+            })
+            .min_by(f64::total_cmp);
+        if let Some(r) = ratio {
+            out.push(format!(
+                "{} nixl-pool >= 4 x nixl at 4 KiB x {blocks} (contiguous): worst {r:.2}",
+                verdict(r >= 4.0)
+            ));
+        }
+    }
+    if let Some((r, at)) = worst("nixl-pool-scattered", "nixl", 0) {
+        out.push(format!(
+            "{} nixl-pool-scattered no slower than nixl (>= 1.00 x) at every row: worst {r:.2} ({at})",
+            verdict(r >= 1.0)
+        ));
+    }
+    for pool in ["loopback-pool", "loopback-pool-scattered"] {
+        if let Some((r, at)) = worst_from(pool, "memcpy", 1 << 20) {
+            out.push(format!(
+                "{} {pool} >= 0.80 x memcpy from 4 KiB x 256 (1 MiB a transfer) up: worst {r:.2} ({at})",
+                verdict(r >= 0.8)
+            ));
+        }
+    }
+    let pooled: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.backend.contains("-pool"))
+        .collect();
+    if !pooled.is_empty() {
+        let most = pooled
+            .iter()
+            .filter_map(|r| r.registrations_per_op())
+            .fold(None::<f64>, |m, v| Some(m.map_or(v, |m| m.max(v))));
+        let counted = pooled.iter().all(|r| r.registrations.is_some());
+        let shown = most.map_or("not counted".to_owned(), |m| format!("most {m}"));
+        out.push(format!(
+            "{} pooled rows register nothing per operation (0 reg/op): {shown}",
+            verdict(counted && most == Some(0.0))
+        ));
+    }
     if let Some(rt) = extra(
         extras,
         "loopback: 4 KiB readable+read round trip, one thread",

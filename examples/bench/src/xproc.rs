@@ -37,7 +37,7 @@ use nixl_sys::{Agent, AgentConfig, NotificationMap, XferRequest, XferStatus};
 
 use crate::movers::{
     Buf, Layout, Mover, Op, Prepared, Res, blocks, nixl, nixl_connector, peer_failure_detection,
-    prepped_measures, ranges, raw_request, raw_ucx_params, seeds,
+    pool_views, prepped_measures, ranges, raw_request, raw_ucx_params, seeds,
 };
 
 /// Set by `--gap-us`: how long each cross-process mover waits before a
@@ -166,6 +166,10 @@ pub(crate) struct XprocApi {
     peer: RefCell<Peer>,
     active: Connector,
     descs: Vec<Descriptor>,
+    /// `Some(stride)`: views of one `BlockPool` per side (see `Api`).
+    pool: Option<usize>,
+    /// The peer's registrations, as it last reported them.
+    peer_registrations: u64,
 }
 
 /// Our agent as the bench's cross-process rows build it, on either side
@@ -182,6 +186,21 @@ impl XprocApi {
             peer: RefCell::new(Peer::spawn("api", wrap)?),
             active: api_connector("nixl-xproc", "active", true)?,
             descs: Vec::new(),
+            pool: None,
+            peer_registrations: 0,
+        })
+    }
+
+    /// `nixl-pool-xproc` (stride 1) and `nixl-pool-scattered-xproc`
+    /// (stride 2): views of one registered pool per side.
+    pub(crate) fn pool(name: &'static str, stride: usize) -> Res<XprocApi> {
+        Ok(XprocApi {
+            name,
+            peer: RefCell::new(Peer::spawn("api", &[])?),
+            active: api_connector(name, "active", true)?,
+            descs: Vec::new(),
+            pool: Some(stride),
+            peer_registrations: 0,
         })
     }
 
@@ -194,6 +213,8 @@ impl XprocApi {
             peer: RefCell::new(Peer::spawn("api-no-thread", &[])?),
             active: api_connector("nixl-xproc-no-thread", "active", false)?,
             descs: Vec::new(),
+            pool: None,
+            peer_registrations: 0,
         })
     }
 }
@@ -204,22 +225,28 @@ impl Mover for XprocApi {
     }
 
     fn prepare(&mut self, op: Op, block: usize, n: usize) -> Res<()> {
-        let reply = self
-            .peer
-            .get_mut()
-            .ask(&format!("prepare {} {block} {n}", op.name()))?;
-        if reply != "ready" {
+        self.descs.clear();
+        let command = match self.pool {
+            None => format!("prepare {} {block} {n}", op.name()),
+            Some(stride) => format!("pool {} {block} {n} {stride}", op.name()),
+        };
+        let reply = self.peer.get_mut().ask(&command)?;
+        let Some(count) = reply.strip_prefix("ready ") else {
             return Err(format!("peer: {reply}"));
-        }
+        };
+        self.peer_registrations = parse(count)?;
         let (_, a) = seeds(op);
-        self.descs = blocks(a, block, n)
-            .into_iter()
-            .map(|b| {
-                let mut d = Descriptor::new(b).map_err(|e| e.to_string())?;
-                d.register_memory(&self.active).map_err(|e| e.to_string())?;
-                Ok(d)
-            })
-            .collect::<Res<_>>()?;
+        self.descs = match self.pool {
+            None => blocks(a, block, n)
+                .into_iter()
+                .map(|b| {
+                    let mut d = Descriptor::new(b).map_err(|e| e.to_string())?;
+                    d.register_memory(&self.active).map_err(|e| e.to_string())?;
+                    Ok(d)
+                })
+                .collect::<Res<_>>()?,
+            Some(stride) => pool_views(&self.active, Layout::new(block, n, stride)?, a)?,
+        };
         Ok(())
     }
 
@@ -259,6 +286,14 @@ impl Mover for XprocApi {
         let mine = crc(self.descs.iter().filter_map(Descriptor::as_slice));
         let theirs = self.peer.borrow_mut().ask("crc");
         theirs.is_ok_and(|t| t == mine.to_string())
+    }
+
+    fn registrations(&self) -> Option<u64> {
+        Some(self.active.registrations() + self.peer_registrations)
+    }
+
+    fn measures(&self, block: usize, blocks: usize) -> bool {
+        self.pool.is_none() || prepped_measures(block, blocks)
     }
 }
 
@@ -581,6 +616,7 @@ pub(crate) fn serve(kind: &str) -> Res<()> {
                 let e = |e: descriptor_core::Error| e.to_string();
                 match words.as_slice() {
                     ["prepare", op, block, n] => {
+                        descs.clear();
                         let (p, _) = seeds(op_of(op)?);
                         let (block, n) = (parse(block)?, parse(n)?);
                         descs = blocks(p, block, n)
@@ -591,7 +627,15 @@ pub(crate) fn serve(kind: &str) -> Res<()> {
                                 Ok(d)
                             })
                             .collect::<Res<_>>()?;
-                        say("ready".into())?;
+                        say(format!("ready {}", connector.registrations()))?;
+                    }
+                    // Views of one registered pool: the pooled rows.
+                    ["pool", op, block, n, stride] => {
+                        descs.clear();
+                        let (p, _) = seeds(op_of(op)?);
+                        let layout = Layout::new(parse(block)?, parse(n)?, parse(stride)?)?;
+                        descs = pool_views(&connector, layout, p)?;
+                        say(format!("ready {}", connector.registrations()))?;
                     }
                     ["expose", op] => {
                         let taken = std::mem::take(&mut descs);
