@@ -161,6 +161,9 @@ impl LoopbackBackend {
             ));
         }
         let regions = lock(&self.local);
+        // Views of one pool share a region: the last one looked up is
+        // usually the next pair's too.
+        let mut last: Option<(RegionId, Segment, bool)> = None;
         for (index, ((local, remote), region)) in request
             .local
             .iter()
@@ -184,7 +187,16 @@ impl LoopbackBackend {
                     remote: remote.len,
                 });
             }
-            match regions.holding(*region, local) {
+            let held = match last {
+                Some((id, segment, writable)) if id == *region => {
+                    segment.contains(local).then_some(writable)
+                }
+                _ => regions.by_id.get(region).and_then(|&(segment, writable)| {
+                    last = Some((*region, segment, writable));
+                    segment.contains(local).then_some(writable)
+                }),
+            };
+            match held {
                 Some(writable) if writable || request.op == OperationKind::Write => {}
                 Some(_) => {
                     return Err(Error::ReadOnlyBuffer { index });
@@ -226,15 +238,6 @@ impl LocalRegions {
 
     fn remove(&mut self, id: RegionId) -> Option<(Segment, bool)> {
         self.by_id.remove(&id)
-    }
-
-    /// Whether `segment` lies inside registered region `id`, and if so the
-    /// region's writability.
-    fn holding(&self, id: RegionId, segment: &Segment) -> Option<bool> {
-        self.by_id
-            .get(&id)
-            .filter(|(region, _)| region.contains(segment))
-            .map(|&(_, writable)| writable)
     }
 }
 

@@ -37,18 +37,19 @@ pub struct Runs<'a, F> {
 
 impl<F: FnMut(&Segment, &Segment) -> bool> Runs<'_, F> {
     /// Whether pair `i` continues the run `run`, whose last pair is `i - 1`.
+    /// Contiguity is tested first: it is why most pairs that do not merge
+    /// do not (scattered blocks), and the cheapest test.
     fn continues(&mut self, run: &Run, i: usize) -> bool {
         let (local, remote) = (&self.local[i], &self.remote[i]);
-        let same_region = match (self.local_regions.get(i - 1), self.local_regions.get(i)) {
-            (Some(a), Some(b)) => a == b,
-            _ => false,
-        };
-        same_region
+        run.local.end() == Some(local.addr)
+            && run.remote.end() == Some(remote.addr)
             && local.len == remote.len
+            && matches!(
+                (self.local_regions.get(i - 1), self.local_regions.get(i)),
+                (Some(a), Some(b)) if a == b
+            )
             && local.device == run.local.device
             && remote.device == run.remote.device
-            && run.local.end() == Some(local.addr)
-            && run.remote.end() == Some(remote.addr)
             && (self.same_remote_region)(&self.remote[i - 1], remote)
     }
 }

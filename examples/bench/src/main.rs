@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use hdrhistogram::Histogram;
 
-use movers::{Api, Memcpy, Mover, Op, RawNixl, RawPrepped, Res, Twin};
+use movers::{Api, Memcpy, MemcpyScattered, Mover, Op, RawNixl, RawPrepped, Res, Twin};
 use report::Row;
 
 const KIB: usize = 1 << 10;
@@ -46,7 +46,7 @@ mod flags {
             optional --xproc-only prefix: String
             /// Serve `bench --python` as its Rust API worker (JSON lines on stdin).
             optional --python-worker
-            /// Only these movers, and no extras: NAME[,...] (memcpy, loopback,
+            /// Only these movers, and no extras: NAME[,...] (memcpy, memcpy-scattered, loopback,
             /// loopback-pool, loopback-pool-scattered, nixl, nixl-pool,
             /// nixl-pool-scattered, nixl-sys-raw, nixl-sys-raw-prepped,
             /// nixl-sys-raw-prepped-scattered, nixl-xproc, nixl-pool-xproc,
@@ -411,8 +411,11 @@ impl Shuffle {
 fn all_movers(only: Option<&str>) -> Res<Vec<Box<dyn Mover>>> {
     type Make = fn() -> Res<Box<dyn Mover>>;
     // (name, in the default set, maker)
-    let all: [(&str, bool, Make); 22] = [
+    let all: [(&str, bool, Make); 23] = [
         ("memcpy", true, || Ok(Box::new(Memcpy::default()))),
+        ("memcpy-scattered", true, || {
+            Ok(Box::new(MemcpyScattered::new()))
+        }),
         ("loopback", true, || Ok(Box::new(Api::loopback()?))),
         ("loopback-pool", true, || {
             Ok(Box::new(Api::loopback_pool("loopback-pool", 1)?))

@@ -115,6 +115,61 @@ impl Mover for Memcpy {
     }
 }
 
+/// `memcpy-scattered`: `memcpy` of the same blocks as the scattered pooled
+/// and prepared-list rows, where they lie: every other block of an arena per
+/// side (the blocks of [`Memcpy`] lie wherever the allocator put them, next
+/// to each other as a rule, which caches and prefetchers favour).
+pub(crate) struct MemcpyScattered {
+    layout: Option<Layout>,
+    src: Buf,
+    dst: Buf,
+}
+
+impl MemcpyScattered {
+    pub(crate) fn new() -> MemcpyScattered {
+        MemcpyScattered {
+            layout: None,
+            src: Buf(Vec::new()),
+            dst: Buf(Vec::new()),
+        }
+    }
+
+    fn copies(&self) -> impl Iterator<Item = std::ops::Range<usize>> + use<> {
+        let layout = self.layout;
+        layout
+            .into_iter()
+            .flat_map(|l| l.ranges(0).map(|(start, len)| start..start + len))
+    }
+}
+
+impl Mover for MemcpyScattered {
+    fn name(&self) -> &'static str {
+        "memcpy-scattered"
+    }
+    fn prepare(&mut self, _op: Op, block: usize, n: usize) -> Res<()> {
+        let layout = Layout::new(block, n, 2)?;
+        self.src = layout.arena(Some(3));
+        self.dst = layout.arena(None);
+        self.layout = Some(layout);
+        Ok(())
+    }
+    fn run(&mut self, _op: Op) -> Res<Duration> {
+        let started = Instant::now();
+        for range in self.copies() {
+            self.dst.0[range.clone()].copy_from_slice(&self.src.0[range]);
+        }
+        std::hint::black_box(&mut self.dst);
+        Ok(started.elapsed())
+    }
+    fn verify(&self, _op: Op) -> bool {
+        self.copies()
+            .all(|r| self.dst.0[r.clone()] == self.src.0[r])
+    }
+    fn measures(&self, block: usize, blocks: usize) -> bool {
+        prepped_measures(block, blocks)
+    }
+}
+
 /// Set by `--no-peer-failure-detection`: every NIXL agent of the run, ours
 /// and raw, on both sides of the cross-process rows, is built with UCX's
 /// error handling mode `none` instead of NIXL's default, `peer`.
