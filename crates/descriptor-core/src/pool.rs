@@ -282,7 +282,7 @@ mod tests {
     use super::*;
     use crate::backend::RegistrationBackend;
     use crate::sync::Ordering;
-    use crate::testing::Scripted;
+    use crate::testing::{Scripted, WatchedMemory};
 
     fn scripted() -> (Arc<Scripted>, Connector) {
         let backend = Arc::new(Scripted::new(true, true));
@@ -294,44 +294,10 @@ mod tests {
         NonZeroUsize::new(n).unwrap()
     }
 
-    /// Memory that records, when it is freed, how many deregistrations the
-    /// backend had seen.
-    struct Watched {
-        bytes: Vec<u8>,
-        backend: Arc<Scripted>,
-        deregistered_when_freed: Arc<StdAtomicUsize>,
-    }
-
-    // SAFETY: as for `Vec<u8>`: the bytes live in the Vec's heap block.
-    unsafe impl MemoryBuffer for Watched {
-        fn base_ptr(&mut self) -> *mut u8 {
-            self.bytes.as_mut_ptr()
-        }
-        fn len(&self) -> usize {
-            self.bytes.len()
-        }
-        fn is_writable(&self) -> bool {
-            true
-        }
-    }
-
-    impl Drop for Watched {
-        fn drop(&mut self) {
-            let seen = self.backend.deregistered.load(Ordering::SeqCst);
-            self.deregistered_when_freed
-                .store(seen + 1, StdOrdering::SeqCst);
-        }
-    }
-
-    /// 0 while the memory lives; 1 + the deregistrations seen once freed.
-    fn watched(backend: &Arc<Scripted>, len: usize) -> (Watched, Arc<StdAtomicUsize>) {
-        let freed = Arc::new(StdAtomicUsize::new(0));
-        let memory = Watched {
-            bytes: vec![0; len],
-            backend: Arc::clone(backend),
-            deregistered_when_freed: Arc::clone(&freed),
-        };
-        (memory, freed)
+    /// Memory that records the backend's deregistrations when freed.
+    fn watched(backend: &Arc<Scripted>, len: usize) -> (WatchedMemory, Arc<StdAtomicUsize>) {
+        let backend = Arc::clone(backend);
+        WatchedMemory::new(len, 0, move || backend.deregistered.load(Ordering::SeqCst))
     }
 
     #[test]

@@ -9,8 +9,12 @@
 //! This module is for tests: it is not a stable API.
 #![allow(clippy::panic)]
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
+
+use crate::buffer::MemoryBuffer;
 
 #[cfg(test)]
 mod scripted;
@@ -61,4 +65,52 @@ pub fn rss_bytes() -> u64 {
         .ok()
         .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
         .map_or(0, |pages| pages * 4096)
+}
+
+/// Host memory that records, when it is freed, what `seen` counts then
+/// (in the tests: the deregistrations the backend was asked for), plus one,
+/// in the counter [`WatchedMemory::new`] returns: 0 while it lives. Checks
+/// that memory is freed only after its registration ended, and never where
+/// it must leak.
+pub struct WatchedMemory {
+    bytes: Vec<u8>,
+    seen: Box<dyn Fn() -> usize + Send + Sync>,
+    freed_after: Arc<AtomicUsize>,
+}
+
+impl WatchedMemory {
+    /// `len` bytes of `fill`, and the counter its drop sets.
+    pub fn new(
+        len: usize,
+        fill: u8,
+        seen: impl Fn() -> usize + Send + Sync + 'static,
+    ) -> (WatchedMemory, Arc<AtomicUsize>) {
+        let freed_after = Arc::new(AtomicUsize::new(0));
+        let memory = WatchedMemory {
+            bytes: vec![fill; len],
+            seen: Box::new(seen),
+            freed_after: Arc::clone(&freed_after),
+        };
+        (memory, freed_after)
+    }
+}
+
+// SAFETY: as for `Vec<u8>`: the bytes live in the Vec's heap block, which
+// moves of the value do not move, and are released only when it is dropped.
+unsafe impl MemoryBuffer for WatchedMemory {
+    fn base_ptr(&mut self) -> *mut u8 {
+        self.bytes.as_mut_ptr()
+    }
+    fn len(&self) -> usize {
+        self.bytes.len()
+    }
+    fn is_writable(&self) -> bool {
+        true
+    }
+}
+
+impl Drop for WatchedMemory {
+    fn drop(&mut self) {
+        self.freed_after.store((self.seen)() + 1, Ordering::SeqCst);
+    }
 }

@@ -13,9 +13,7 @@ use std::time::Duration;
 
 use super::{Call, Harness, WAIT, connector, faulty, hooked_agent, pattern};
 use crate::testing::eventually;
-use crate::{
-    BlockPool, Connector, Descriptor, Error, MemoryBuffer, OperationKind, RegisteredMemory, Release,
-};
+use crate::{BlockPool, Connector, Descriptor, Error, OperationKind, RegisteredMemory, Release};
 
 /// Bytes per block of the pools these checks make.
 const BLOCK: usize = 4096;
@@ -66,6 +64,51 @@ fn assert_canary(views: &[Descriptor], what: &str) {
     }
 }
 
+/// Moves views one way and waits for both sides: READ (the server exposes
+/// `server_views` for reading, the client reads into `client_views`) or
+/// WRITE (the server exposes its views for writing, the client writes its
+/// own into them). The sending side's views are filled with pattern `seed`
+/// first; `inspect` sees the passive side's metadata. Returns the sender's
+/// views and the receiver's, as they came back.
+fn exchange(
+    (server, client): (&Connector, &Connector),
+    op: OperationKind,
+    (mut server_views, mut client_views): (Vec<Descriptor>, Vec<Descriptor>),
+    seed: u64,
+    inspect: impl FnOnce(&crate::RdmaMetadata),
+) -> (Vec<Descriptor>, Vec<Descriptor>) {
+    match op {
+        OperationKind::Read => {
+            fill(&mut server_views, seed);
+            let readable = server.create_readable(server_views).unwrap();
+            inspect(readable.metadata());
+            let read = client
+                .begin_read(readable.metadata(), client_views)
+                .unwrap();
+            read.wait_timeout(WAIT).unwrap();
+            readable.wait_timeout(WAIT).unwrap();
+            (
+                readable.into_descriptors().unwrap(),
+                read.into_descriptors().unwrap(),
+            )
+        }
+        OperationKind::Write => {
+            fill(&mut client_views, seed);
+            let writable = server.create_writable(server_views).unwrap();
+            inspect(writable.metadata());
+            let write = client
+                .begin_write(client_views, writable.metadata())
+                .unwrap();
+            write.wait_timeout(WAIT).unwrap();
+            writable.wait_timeout(WAIT).unwrap();
+            (
+                write.into_descriptors().unwrap(),
+                writable.into_descriptors().unwrap(),
+            )
+        }
+    }
+}
+
 /// Views at the start, in the middle and at the end of a pool, READ into
 /// and WRITTEN from views of another pool: the bytes land, and every other
 /// block of both pools, held by the test meanwhile, keeps its canary.
@@ -78,36 +121,15 @@ pub fn a_transfer_into_a_view_leaves_its_neighbours_untouched(h: &dyn Harness) {
         let (server_pool, client_pool) = (canary_pool(&server, 8), canary_pool(&client, 8));
         let server_others = server_pool.checkout_blocks(&OTHERS).unwrap();
         let client_others = client_pool.checkout_blocks(&OTHERS).unwrap();
-        let mut server_views = server_pool.checkout_blocks(&PICKED).unwrap();
-        let mut client_views = client_pool.checkout_blocks(&PICKED).unwrap();
-        let (sent, received) = match op {
-            OperationKind::Read => {
-                fill(&mut server_views, 300);
-                let readable = server.create_readable(server_views).unwrap();
-                let read = client
-                    .begin_read(readable.metadata(), client_views)
-                    .unwrap();
-                read.wait_timeout(WAIT).unwrap();
-                readable.wait_timeout(WAIT).unwrap();
-                (
-                    readable.into_descriptors().unwrap(),
-                    read.into_descriptors().unwrap(),
-                )
-            }
-            OperationKind::Write => {
-                fill(&mut client_views, 300);
-                let writable = server.create_writable(server_views).unwrap();
-                let write = client
-                    .begin_write(client_views, writable.metadata())
-                    .unwrap();
-                write.wait_timeout(WAIT).unwrap();
-                writable.wait_timeout(WAIT).unwrap();
-                (
-                    write.into_descriptors().unwrap(),
-                    writable.into_descriptors().unwrap(),
-                )
-            }
-        };
+        let server_views = server_pool.checkout_blocks(&PICKED).unwrap();
+        let client_views = client_pool.checkout_blocks(&PICKED).unwrap();
+        let (sent, received) = exchange(
+            (&server, &client),
+            op,
+            (server_views, client_views),
+            300,
+            |_| {},
+        );
         assert_filled(&received, 300, &format!("{op:?}: received"));
         assert_filled(&sent, 300, &format!("{op:?}: sent"));
         assert_canary(
@@ -137,7 +159,7 @@ pub fn partial_lengths_move_only_the_prefix(h: &dyn Harness) {
         let server = connector(h, &format!("partial-server-{op:?}"));
         let client = connector(h, &format!("partial-client-{op:?}"));
         let memory = RegisteredMemory::new(&server, vec![CANARY; 65_536]).unwrap();
-        let mut server_views: Vec<Descriptor> = VIEWS
+        let server_views: Vec<Descriptor> = VIEWS
             .iter()
             .map(|&(offset, capacity, size)| {
                 let mut v = memory.carve(offset, capacity).unwrap();
@@ -145,7 +167,7 @@ pub fn partial_lengths_move_only_the_prefix(h: &dyn Harness) {
                 v
             })
             .collect();
-        let mut client_views: Vec<Descriptor> = VIEWS
+        let client_views: Vec<Descriptor> = VIEWS
             .iter()
             .map(|&(_, capacity, size)| {
                 let mut v = Descriptor::new(vec![CANARY; capacity]).unwrap();
@@ -153,45 +175,20 @@ pub fn partial_lengths_move_only_the_prefix(h: &dyn Harness) {
                 v
             })
             .collect();
-        let (sent, received) = match op {
-            OperationKind::Read => {
-                fill(&mut server_views, 400);
-                let readable = server.create_readable(server_views).unwrap();
-                let published: Vec<u64> = readable
-                    .metadata()
-                    .descriptors()
-                    .iter()
-                    .map(|d| d.size)
-                    .collect();
+        let (sent, received) = exchange(
+            (&server, &client),
+            op,
+            (server_views, client_views),
+            400,
+            |metadata| {
+                let published: Vec<u64> = metadata.descriptors().iter().map(|d| d.size).collect();
                 assert_eq!(
                     published,
                     VIEWS.map(|(_, _, size)| size as u64),
-                    "metadata publishes the sizes"
+                    "{op:?}: the metadata publishes the sizes"
                 );
-                let read = client
-                    .begin_read(readable.metadata(), client_views)
-                    .unwrap();
-                read.wait_timeout(WAIT).unwrap();
-                readable.wait_timeout(WAIT).unwrap();
-                (
-                    readable.into_descriptors().unwrap(),
-                    read.into_descriptors().unwrap(),
-                )
-            }
-            OperationKind::Write => {
-                fill(&mut client_views, 400);
-                let writable = server.create_writable(server_views).unwrap();
-                let write = client
-                    .begin_write(client_views, writable.metadata())
-                    .unwrap();
-                write.wait_timeout(WAIT).unwrap();
-                writable.wait_timeout(WAIT).unwrap();
-                (
-                    write.into_descriptors().unwrap(),
-                    writable.into_descriptors().unwrap(),
-                )
-            }
-        };
+            },
+        );
         for views in [&sent, &received] {
             let shapes: Vec<(usize, usize)> =
                 views.iter().map(|v| (v.capacity(), v.size())).collect();
@@ -309,65 +306,22 @@ pub fn views_come_back_and_move_again_without_registering(h: &dyn Harness) {
     assert_eq!(before, (1, 1), "one registration per pool");
     for round in 0..100u64 {
         let n = 1 + (round as usize % 4);
-        let mut server_views = server_pool.checkout(n).unwrap();
-        let mut client_views = client_pool.checkout(n).unwrap();
-        if round % 2 == 0 {
-            fill(&mut server_views, 1000 + round * 10);
-            let readable = server.create_readable(server_views).unwrap();
-            let read = client
-                .begin_read(readable.metadata(), client_views)
-                .unwrap();
-            read.wait_timeout(WAIT).unwrap();
-            readable.wait_timeout(WAIT).unwrap();
-            assert_filled(&read.into_descriptors().unwrap(), 1000 + round * 10, "read");
-            drop(readable.into_descriptors().unwrap());
+        let op = if round % 2 == 0 {
+            OperationKind::Read
         } else {
-            fill(&mut client_views, 1000 + round * 10);
-            let writable = server.create_writable(server_views).unwrap();
-            let write = client
-                .begin_write(client_views, writable.metadata())
-                .unwrap();
-            write.wait_timeout(WAIT).unwrap();
-            writable.wait_timeout(WAIT).unwrap();
-            assert_filled(
-                &writable.into_descriptors().unwrap(),
-                1000 + round * 10,
-                "written",
-            );
-            drop(write.into_descriptors().unwrap());
-        }
+            OperationKind::Write
+        };
+        let views = (
+            server_pool.checkout(n).unwrap(),
+            client_pool.checkout(n).unwrap(),
+        );
+        let seed = 1000 + round * 10;
+        let (sent, received) = exchange((&server, &client), op, views, seed, |_| {});
+        assert_filled(&received, seed, &format!("round {round} ({op:?})"));
+        drop(sent);
     }
     assert_eq!((server.registrations(), client.registrations()), before);
     assert_eq!((server_pool.free(), client_pool.free()), (16, 16));
-}
-
-/// Memory that records, when freed, how many deregistrations its backend
-/// had been asked for (0 while it lives).
-struct Watched {
-    bytes: Vec<u8>,
-    deregistrations: Arc<AtomicUsize>,
-    freed_after: Arc<AtomicUsize>,
-}
-
-// SAFETY: as for `Vec<u8>`: the bytes live in the Vec's heap block, which
-// moves of the value do not move.
-unsafe impl MemoryBuffer for Watched {
-    fn base_ptr(&mut self) -> *mut u8 {
-        self.bytes.as_mut_ptr()
-    }
-    fn len(&self) -> usize {
-        self.bytes.len()
-    }
-    fn is_writable(&self) -> bool {
-        true
-    }
-}
-
-impl Drop for Watched {
-    fn drop(&mut self) {
-        let seen = self.deregistrations.load(Ordering::SeqCst);
-        self.freed_after.store(seen + 1, Ordering::SeqCst);
-    }
 }
 
 /// What [`counted_pool`] hands back.
@@ -399,12 +353,11 @@ fn counted_pool(h: &dyn Harness, name: &str, blocks: usize) -> Counted {
         Call::Release(_) if running.load(Ordering::SeqCst) => Some(Ok(Release::StillRunning)),
         _ => None,
     });
-    let freed_after = Arc::new(AtomicUsize::new(0));
-    let memory = Watched {
-        bytes: vec![CANARY; blocks * BLOCK],
-        deregistrations: Arc::clone(&deregistrations),
-        freed_after: Arc::clone(&freed_after),
-    };
+    let seen = Arc::clone(&deregistrations);
+    let (memory, freed_after) =
+        crate::testing::WatchedMemory::new(blocks * BLOCK, CANARY, move || {
+            seen.load(Ordering::SeqCst)
+        });
     let pool = BlockPool::new(&c, memory, block_size()).unwrap();
     Counted {
         connector: c,
@@ -661,38 +614,17 @@ pub fn merged_runs_move_the_bytes_of_their_descriptors(h: &dyn Harness) {
         };
         let server_blocks = pick(&mut next, round % 4 < 2);
         let client_blocks = pick(&mut next, round % 4 != 3);
-        let mut server_views = server_pool.checkout_blocks(&server_blocks).unwrap();
-        let mut client_views = client_pool.checkout_blocks(&client_blocks).unwrap();
+        let server_views = server_pool.checkout_blocks(&server_blocks).unwrap();
+        let client_views = client_pool.checkout_blocks(&client_blocks).unwrap();
         let seed = 2000 + round * 100;
         let what = format!("round {round} ({op:?}, {server_blocks:?} <-> {client_blocks:?})");
-        let (sent, received) = match op {
-            OperationKind::Read => {
-                fill(&mut server_views, seed);
-                let readable = server.create_readable(server_views).unwrap();
-                let read = client
-                    .begin_read(readable.metadata(), client_views)
-                    .unwrap();
-                read.wait_timeout(WAIT).unwrap();
-                readable.wait_timeout(WAIT).unwrap();
-                (
-                    readable.into_descriptors().unwrap(),
-                    read.into_descriptors().unwrap(),
-                )
-            }
-            OperationKind::Write => {
-                fill(&mut client_views, seed);
-                let writable = server.create_writable(server_views).unwrap();
-                let write = client
-                    .begin_write(client_views, writable.metadata())
-                    .unwrap();
-                write.wait_timeout(WAIT).unwrap();
-                writable.wait_timeout(WAIT).unwrap();
-                (
-                    write.into_descriptors().unwrap(),
-                    writable.into_descriptors().unwrap(),
-                )
-            }
-        };
+        let (sent, received) = exchange(
+            (&server, &client),
+            op,
+            (server_views, client_views),
+            seed,
+            |_| {},
+        );
         assert_filled(&received, seed, &what);
         assert_filled(&sent, seed, &what);
         // Every block not moved kept its canary, on both sides.
@@ -719,37 +651,16 @@ pub fn merged_runs_move_the_bytes_of_their_descriptors(h: &dyn Harness) {
     }
     // Adjacent in memory, registered apart, on both sides: never one run.
     for op in [OperationKind::Read, OperationKind::Write] {
-        let mut server_views = Vec::from(adjacent_registrations(BLOCK, CANARY));
-        let mut client_views = Vec::from(adjacent_registrations(BLOCK, CANARY));
+        let server_views = Vec::from(adjacent_registrations(BLOCK, CANARY));
+        let client_views = Vec::from(adjacent_registrations(BLOCK, CANARY));
         let what = format!("adjacent registrations, {op:?}");
-        let (sent, received) = match op {
-            OperationKind::Read => {
-                fill(&mut server_views, 3000);
-                let readable = server.create_readable(server_views).unwrap();
-                let read = client
-                    .begin_read(readable.metadata(), client_views)
-                    .unwrap();
-                read.wait_timeout(WAIT).unwrap();
-                readable.wait_timeout(WAIT).unwrap();
-                (
-                    readable.into_descriptors().unwrap(),
-                    read.into_descriptors().unwrap(),
-                )
-            }
-            OperationKind::Write => {
-                fill(&mut client_views, 3000);
-                let writable = server.create_writable(server_views).unwrap();
-                let write = client
-                    .begin_write(client_views, writable.metadata())
-                    .unwrap();
-                write.wait_timeout(WAIT).unwrap();
-                writable.wait_timeout(WAIT).unwrap();
-                (
-                    write.into_descriptors().unwrap(),
-                    writable.into_descriptors().unwrap(),
-                )
-            }
-        };
+        let (sent, received) = exchange(
+            (&server, &client),
+            op,
+            (server_views, client_views),
+            3000,
+            |_| {},
+        );
         assert_filled(&received, 3000, &what);
         assert_filled(&sent, 3000, &what);
     }

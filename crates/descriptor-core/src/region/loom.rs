@@ -29,7 +29,7 @@ use crate::operation::Held;
 use crate::operation::state::{OpShared, OperationStatus, Pending, Role};
 use crate::pool::BlockPool;
 use crate::sync::Ordering;
-use crate::testing::Scripted;
+use crate::testing::{Scripted, WatchedMemory};
 
 /// Interleavings with up to this many preemptions are explored exhaustively.
 const PREEMPTION_BOUND: Option<usize> = Some(4);
@@ -54,42 +54,10 @@ fn pool(connector: &Connector, blocks: usize, memory: impl MemoryBuffer) -> Bloc
     pool
 }
 
-/// Memory that records how many deregistrations the backend had seen when
-/// it was freed (0 while it lives).
-struct Watched {
-    bytes: Vec<u8>,
-    backend: Arc<Scripted>,
-    freed_after: Arc<StdAtomicUsize>,
-}
-
-// SAFETY: as for `Vec<u8>`: the bytes live in the Vec's heap block.
-unsafe impl MemoryBuffer for Watched {
-    fn base_ptr(&mut self) -> *mut u8 {
-        self.bytes.as_mut_ptr()
-    }
-    fn len(&self) -> usize {
-        self.bytes.len()
-    }
-    fn is_writable(&self) -> bool {
-        true
-    }
-}
-
-impl Drop for Watched {
-    fn drop(&mut self) {
-        let seen = self.backend.deregistered.load(Ordering::SeqCst);
-        self.freed_after.store(seen + 1, StdOrdering::SeqCst);
-    }
-}
-
-fn watched(backend: &Arc<Scripted>, len: usize) -> (Watched, Arc<StdAtomicUsize>) {
-    let freed_after = Arc::new(StdAtomicUsize::new(0));
-    let memory = Watched {
-        bytes: vec![0; len],
-        backend: Arc::clone(backend),
-        freed_after: Arc::clone(&freed_after),
-    };
-    (memory, freed_after)
+/// Memory that records the backend's deregistrations when freed.
+fn watched(backend: &Arc<Scripted>, len: usize) -> (WatchedMemory, Arc<StdAtomicUsize>) {
+    let backend = Arc::clone(backend);
+    WatchedMemory::new(len, 0, move || backend.deregistered.load(Ordering::SeqCst))
 }
 
 fn block_of(view: &Descriptor) -> usize {
