@@ -139,9 +139,18 @@ impl PyRegisteredMemory {
         // from the object `source.keep_alive` keeps alive (see `PyMemory`).
         let memory = unsafe { PyMemory::new(py, &self.source, Arc::new(())) };
         let core = connector.get().inner().clone();
-        let made = py
-            .detach(move || RegisteredMemory::new(&core, memory))
-            .map_err(to_py)?;
+        let made = match py.detach(move || RegisteredMemory::new(&core, memory)) {
+            Ok(made) => made,
+            // A backend that refuses registering the same memory twice
+            // (NIXL from PR #1773 on) refuses this one if another thread's
+            // registration came first: that one is the pool's.
+            Err(error) => {
+                return match self.registered.get() {
+                    Some(registered) => check_connector(registered, connector),
+                    None => Err(to_py(error)),
+                };
+            }
+        };
         let mine = Registered {
             memory: made,
             connector: connector.clone().unbind(),
