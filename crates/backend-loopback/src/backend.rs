@@ -391,16 +391,7 @@ impl RegistrationBackend for LoopbackBackend {
             })?;
             // The grant is the range, never its whole region: the region's
             // other views may be in safe code's hands.
-            if !region.contains(&range.segment) {
-                return Err(Error::backend(
-                    NAME,
-                    "expose",
-                    format!(
-                        "range {index} ({:#x}+{}) is not inside region {}",
-                        range.segment.addr, range.segment.len, range.region.0
-                    ),
-                ));
-            }
+            range.check_within(&region, index, NAME)?;
             if access == OperationKind::Write && !writable {
                 return Err(Error::ReadOnlyBuffer { index });
             }

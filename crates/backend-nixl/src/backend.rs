@@ -148,16 +148,7 @@ impl RegistrationBackend for NixlBackend {
                         format!("region {} is not registered", range.region.0),
                     )
                 })?;
-                if !region.segment.contains(&range.segment) {
-                    return Err(Error::backend(
-                        NAME,
-                        "expose",
-                        format!(
-                            "range {index} ({:#x}+{}) is not inside region {}",
-                            range.segment.addr, range.segment.len, range.region.0
-                        ),
-                    ));
-                }
+                range.check_within(&region.segment, index, NAME)?;
                 if access == OperationKind::Write && !region.writable {
                     return Err(Error::ReadOnlyBuffer { index });
                 }

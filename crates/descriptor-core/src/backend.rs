@@ -66,6 +66,30 @@ pub struct Exposed {
     pub segment: Segment,
 }
 
+impl Exposed {
+    /// Checks that the range lies inside `region`, the segment this
+    /// backend registered as `self.region`; otherwise the error `expose`
+    /// returns, naming range `index` and the backend.
+    pub fn check_within(
+        &self,
+        region: &Segment,
+        index: usize,
+        backend: &'static str,
+    ) -> Result<()> {
+        if region.contains(&self.segment) {
+            return Ok(());
+        }
+        Err(crate::Error::backend(
+            backend,
+            "expose",
+            format!(
+                "range {index} ({:#x}+{}) is not inside region {}",
+                self.segment.addr, self.segment.len, self.region.0
+            ),
+        ))
+    }
+}
+
 /// What an exposure hands to peers: the agent-metadata blob for some regions.
 #[derive(Debug, Clone)]
 pub struct Exposure {
