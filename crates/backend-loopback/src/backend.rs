@@ -90,6 +90,12 @@ impl LoopbackBackend {
         &self.fabric
     }
 
+    /// The blob a peer loads to reach this agent (what every exposure
+    /// publishes): it names the fabric and the agent, never an address.
+    pub fn agent_metadata(&self) -> Vec<u8> {
+        blob::encode(self.fabric.inner.id, self.agent.id, &self.agent.name)
+    }
+
     // Errors are cold: their code is kept out of the way of the checks that pass.
     #[cold]
     fn gone(&self, context: impl Into<String>) -> Error {
@@ -414,7 +420,7 @@ impl RegistrationBackend for LoopbackBackend {
         }
         Ok(Exposure {
             id: ExposureId(id),
-            agent_metadata: blob::encode(self.fabric.inner.id, self.agent.id, &self.agent.name),
+            agent_metadata: self.agent_metadata(),
         })
     }
 
@@ -432,6 +438,12 @@ impl RegistrationBackend for LoopbackBackend {
     }
 
     fn revocation_enforced(&self) -> bool {
+        true
+    }
+
+    /// A transfer reaches only the ranges its key's exposure holds, with
+    /// the exposure's access.
+    fn access_enforced(&self) -> bool {
         true
     }
 

@@ -269,7 +269,8 @@ pub trait RegistrationBackend: Send + Sync + 'static {
     ///
     /// # Safety
     ///
-    /// The memory must stay valid for reads (and for writes when `writable`) until
+    /// The memory must stay valid for reads (and for writes when `writable`,
+    /// or when [`access_enforced`](Self::access_enforced) is false) until
     /// [`deregister`](Self::deregister) returns, and nothing else may access it
     /// while a transfer or an exposure that covers it is live. For host memory,
     /// `region.addr` must come from a pointer whose provenance was exposed.
@@ -313,6 +314,18 @@ pub trait RegistrationBackend: Send + Sync + 'static {
     /// connector never hands memory back to safe code, nor frees it, while a peer
     /// that saw the exposure might still use it.
     fn revocation_enforced(&self) -> bool;
+
+    /// Whether peers can write only what was registered `writable` and
+    /// exposed for WRITE. When false (NIXL: a UCX key grants remote write to
+    /// every registered byte, whatever the exposure's kind), the core never
+    /// registers memory it calls read-only (a [`bytes::Bytes`], a Python
+    /// `bytes`): it registers a private copy of it instead, which a peer
+    /// may write without changing the read-only memory (see
+    /// [`Descriptor::ptr`](crate::Descriptor::ptr)). The default is false,
+    /// the safe answer for a backend that does not say.
+    fn access_enforced(&self) -> bool {
+        false
+    }
 
     /// Loads a peer's agent metadata (merging with what was loaded before from the
     /// same peer) and returns the peer's name.
@@ -434,6 +447,9 @@ impl<B: RegistrationBackend + ?Sized> RegistrationBackend for Box<B> {
     }
     fn revocation_enforced(&self) -> bool {
         (**self).revocation_enforced()
+    }
+    fn access_enforced(&self) -> bool {
+        (**self).access_enforced()
     }
     fn load_remote(&self, agent_metadata: &[u8]) -> Result<String> {
         (**self).load_remote(agent_metadata)

@@ -81,7 +81,10 @@ unsafe impl<T: Pod + Send + Sync> MemoryBuffer for Box<[T]> {
 }
 
 // SAFETY: `Bytes` points at shared immutable storage that outlives the handle and
-// is never written: the buffer says it is read-only, so no transfer writes to it.
+// is never written: the buffer says it is read-only, so no transfer of ours
+// writes to it, a backend that enforces access lets no peer write it, and on
+// one that does not the region registers a private copy instead (`Shadow` in
+// region.rs), so the storage itself is never registered there.
 unsafe impl MemoryBuffer for Bytes {
     fn base_ptr(&mut self) -> *mut u8 {
         self.as_ptr().cast_mut()

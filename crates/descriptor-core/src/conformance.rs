@@ -262,6 +262,120 @@ pub fn writable_then_write_moves_bytes(h: &dyn Harness, sizes: &[usize]) {
     assert_eq!(client.remote_agent_count(), 0);
 }
 
+/// Memory the API calls read-only (a [`bytes::Bytes`] whose clones safe
+/// code keeps reading) never changes, whatever a peer sends: an honest READ
+/// of it gets its bytes, then WRITEs that the peer forges against it all
+/// leave it as it was. Forged: the readable's metadata re-kinded to WRITE,
+/// the same with each descriptor's range moved and cut inside it, and a
+/// WRITE aimed at a `Bytes` this connector registered only as the source
+/// of its own WRITE. A backend that enforces access refuses them; one that
+/// does not (NIXL) may let them land, in the private copy the core
+/// registered instead ([`RegistrationBackend::access_enforced`]).
+pub fn read_only_memory_never_changes_whatever_a_peer_writes(h: &dyn Harness) {
+    let server = connector(h, "ro-server");
+    let client = connector(h, "ro-client");
+    let sizes = [4096usize, 1, 65536];
+    let originals: Vec<bytes::Bytes> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| bytes::Bytes::from(pattern(90 + i as u64, len)))
+        .collect();
+    let aliases = originals.clone();
+    let unchanged = |what: &str| {
+        for (i, alias) in aliases.iter().enumerate() {
+            let expected = pattern(90 + i as u64, alias.len());
+            let first = alias.iter().zip(&expected).position(|(a, b)| a != b);
+            assert!(
+                first.is_none(),
+                "read-only bytes {i} changed after {what}, first at byte {first:?}"
+            );
+        }
+    };
+    let readable = server
+        .create_readable(
+            originals
+                .into_iter()
+                .map(|b| Descriptor::from_bytes(b).unwrap())
+                .collect::<Vec<_>>(),
+        )
+        .unwrap();
+    let meta = readable.metadata().clone();
+    let read = client.begin_read(&meta, zeroed(&sizes)).unwrap();
+    read.wait_timeout(WAIT).unwrap();
+    assert_pattern(
+        &read.into_descriptors().unwrap(),
+        90,
+        "an honest READ of read-only bytes",
+    );
+
+    // A source of our own WRITE, registered and then kept registered.
+    let writable = client.create_writable(zeroed(&[4096])).unwrap();
+    let source = bytes::Bytes::from(pattern(99, 4096));
+    let source_alias = source.clone();
+    let write = server
+        .begin_write(
+            vec![Descriptor::from_bytes(source).unwrap()],
+            writable.metadata(),
+        )
+        .unwrap();
+    write.wait_timeout(WAIT).unwrap();
+    writable.wait_timeout(WAIT).unwrap();
+    let source = returned!(write, "the WRITE from read-only bytes");
+    assert!(source[0].is_registered());
+    let aimed_at_source = vec![SerializedDescriptor {
+        ptr: source[0].ptr() as u64,
+        size: 4096,
+        ..meta.descriptors()[0]
+    }];
+
+    let mut forgeries = vec![
+        (
+            "the readable re-kinded to WRITE",
+            meta.descriptors().to_vec(),
+        ),
+        (
+            "a WRITE aimed at a WRITE's read-only source",
+            aimed_at_source,
+        ),
+    ];
+    for (i, d) in meta.descriptors().iter().enumerate() {
+        if d.size > 2 {
+            let mut moved = meta.descriptors().to_vec();
+            moved[i] = SerializedDescriptor {
+                ptr: d.ptr + 1,
+                size: d.size - 2,
+                ..*d
+            };
+            forgeries.push(("a re-kinded range moved inside the readable", moved));
+        }
+    }
+    for (what, descriptors) in forgeries {
+        let forged = forge(&meta, OperationKind::Write, descriptors);
+        let lens: Vec<usize> = forged
+            .descriptors()
+            .iter()
+            .map(|d| d.size as usize)
+            .collect();
+        let garbage: Vec<Descriptor> = lens
+            .iter()
+            .map(|&len| Descriptor::new(vec![0xEEu8; len]).unwrap())
+            .collect();
+        if let Ok(write) = client.begin_write(garbage, &forged) {
+            let _ = write.wait_timeout(WAIT);
+        }
+        unchanged(what);
+        assert!(
+            source_alias
+                .iter()
+                .zip(pattern(99, 4096))
+                .all(|(a, b)| *a == b),
+            "a WRITE's read-only source changed after {what}"
+        );
+    }
+    readable.cancel();
+    drop(source);
+}
+
 /// Every pairing rule is checked before the backend is touched, and names what is wrong.
 pub fn pairing_errors_name_the_problem(h: &dyn Harness) {
     let server = connector(h, "pair-server");
@@ -1120,6 +1234,9 @@ impl<B: RegistrationBackend> RegistrationBackend for Hooked<B> {
     fn revocation_enforced(&self) -> bool {
         self.inner.revocation_enforced()
     }
+    fn access_enforced(&self) -> bool {
+        self.inner.access_enforced()
+    }
     fn load_remote(&self, agent_metadata: &[u8]) -> Result<String> {
         self.call(Call::LoadRemote);
         self.inner.load_remote(agent_metadata)
@@ -1726,6 +1843,9 @@ macro_rules! __conformance_checks {
                     one_large_block: |h, p| $crate::conformance::writable_then_write_moves_bytes(h, &[8 << 20]);
                     many_blocks: |h, p| $crate::conformance::writable_then_write_moves_bytes(h, &[65536; 64]);
                     uneven_blocks: |h, p| $crate::conformance::writable_then_write_moves_bytes(h, &[1, 4095, 65536, 3]);
+                }
+                read_only_memory_never_changes_whatever_a_peer_writes {
+                    holds: |h, p| $crate::conformance::read_only_memory_never_changes_whatever_a_peer_writes(h);
                 }
                 pairing_errors_name_the_problem {
                     holds: |h, p| $crate::conformance::pairing_errors_name_the_problem(h);

@@ -185,8 +185,15 @@ impl Descriptor {
     }
 
     /// Start address, as a peer sees it in [`RdmaMetadata`](crate::RdmaMetadata).
+    ///
+    /// For read-only memory ([`is_writable`](Self::is_writable) false)
+    /// registered with a backend that does not enforce access
+    /// ([`RegistrationBackend::access_enforced`](crate::RegistrationBackend::access_enforced):
+    /// NIXL), that is the address of the private copy registered in its
+    /// place, from registration on: a peer that writes what it was shown
+    /// for reading changes that copy, never the memory.
     pub fn ptr(&self) -> usize {
-        self.region.whole().addr + self.offset
+        self.region.addr() + self.offset
     }
 
     /// Whether transfers may write into the memory.

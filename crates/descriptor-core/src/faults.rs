@@ -434,6 +434,10 @@ impl<B: RegistrationBackend> RegistrationBackend for Faulty<B> {
         self.shared.inner.revocation_enforced()
     }
 
+    fn access_enforced(&self) -> bool {
+        self.shared.inner.access_enforced()
+    }
+
     fn load_remote(&self, agent_metadata: &[u8]) -> Result<String> {
         if self.shared.is_vanished() {
             return Err(vanished());

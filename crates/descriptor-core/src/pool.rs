@@ -100,7 +100,7 @@ impl BlockPool {
 
     /// Start address of block 0.
     pub fn ptr(&self) -> usize {
-        self.region.whole().addr
+        self.region.addr()
     }
 
     /// `n` one-block descriptors, the lowest free blocks first (so that runs
@@ -244,7 +244,7 @@ impl RegisteredMemory {
 
     /// Start address.
     pub fn ptr(&self) -> usize {
-        self.region.whole().addr
+        self.region.addr()
     }
 
     /// The device the memory is on.

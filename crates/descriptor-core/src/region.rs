@@ -62,13 +62,17 @@ struct Registration {
     connector_name: Arc<str>,
     backend: Arc<dyn RegistrationBackend>,
     id: RegionId,
+    /// What was registered instead of read-only memory, on a backend that
+    /// does not enforce access.
+    shadow: Option<Shadow>,
 }
 
 impl Registration {
     /// Deregisters the region; false if the backend refused or panicked, in
-    /// which case it may still hand the memory to peers.
-    fn deregister(&self) -> bool {
-        match catch_unwind(AssertUnwindSafe(|| self.backend.deregister(self.id))) {
+    /// which case it may still hand the memory to peers (a shadow is then
+    /// leaked with it).
+    fn deregister(&mut self) -> bool {
+        let ended = match catch_unwind(AssertUnwindSafe(|| self.backend.deregister(self.id))) {
             Ok(Ok(())) => true,
             Ok(Err(error)) => {
                 tracing::error!(%error, connector = %self.connector_name, region = self.id.0, "deregistration failed");
@@ -78,7 +82,11 @@ impl Registration {
                 tracing::error!(connector = %self.connector_name, region = self.id.0, "deregistration panicked");
                 false
             }
+        };
+        if !ended && let Some(shadow) = self.shadow.take() {
+            shadow.leak();
         }
+        ended
     }
 
     fn check(&self, connector: &Connector) -> Result<RegionId> {
@@ -93,12 +101,98 @@ impl Registration {
     }
 }
 
+/// A private copy of read-only host memory, registered in its place with a
+/// backend that does not enforce access ([`RegistrationBackend::access_enforced`]):
+/// a peer that writes what it was shown for reading changes the copy, never
+/// the memory safe code shares (a [`bytes::Bytes`]'s clones, a Python
+/// `bytes`). Held as a raw pointer, never as a reference or a `Box`: the
+/// backend may write it behind the compiler's back. Freed when dropped, which
+/// happens only after the registration ended; [`leak`](Self::leak)ed if it
+/// could not.
+struct Shadow {
+    addr: usize,
+    ptr: *mut u8,
+    len: usize,
+    device: crate::device::Device,
+}
+
+// SAFETY: the copy is a heap block owned by this value alone; the pointer is
+// never dereferenced by it, only freed.
+unsafe impl Send for Shadow {}
+// SAFETY: see `Send`: shared references read the pointer's value only.
+unsafe impl Sync for Shadow {}
+
+impl Shadow {
+    /// A copy of `region`'s whole buffer; host memory only (the copy is made
+    /// by the CPU), and an error rather than an abort if it cannot be had.
+    fn of<B: ?Sized + MemoryBuffer>(region: &Region<B>) -> Result<Shadow> {
+        let whole = region.whole;
+        if whole.device.kind() != crate::device::DeviceKind::Host {
+            return Err(Error::Unsupported {
+                backend: "core",
+                what: format!(
+                    "read-only {} memory on a backend that lets peers write any registered byte \
+                     (register writable memory instead)",
+                    whole.device
+                ),
+            });
+        }
+        let mut copy: Vec<u8> = Vec::new();
+        copy.try_reserve_exact(whole.len).map_err(|_| {
+            Error::InvalidDescriptor(format!(
+                "no memory for the private copy of {} read-only bytes",
+                whole.len
+            ))
+        })?;
+        // SAFETY: `base..base + len` is the region's buffer, valid for reads
+        // (the `MemoryBuffer` contract) and never written (read-only); the
+        // copy has room for `len` bytes and does not overlap it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(region.base, copy.as_mut_ptr(), whole.len);
+            copy.set_len(whole.len);
+        }
+        let ptr = Box::into_raw(copy.into_boxed_slice()).cast::<u8>();
+        Ok(Shadow {
+            addr: ptr.expose_provenance(),
+            ptr,
+            len: whole.len,
+            device: whole.device,
+        })
+    }
+
+    fn segment(&self) -> Segment {
+        Segment {
+            addr: self.addr,
+            len: self.len,
+            device: self.device,
+        }
+    }
+
+    /// Never frees the copy: a backend may still let peers reach it.
+    fn leak(self) {
+        tracing::error!(
+            bytes = self.len,
+            "a private copy of read-only memory is still registered: leaking it"
+        );
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Shadow {
+    fn drop(&mut self) {
+        let slice = std::ptr::slice_from_raw_parts_mut(self.ptr, self.len);
+        // SAFETY: `ptr` and `len` came from `Box::into_raw` of a boxed slice
+        // in `of`; dropped once, after the backend let go of it.
+        drop(unsafe { Box::from_raw(slice) });
+    }
+}
+
 impl<B: ?Sized + MemoryBuffer> Drop for Region<B> {
     fn drop(&mut self) {
         if self.taken {
             return;
         }
-        if let Some(registration) = self.registration.take()
+        if let Some(mut registration) = self.registration.take()
             && !registration.deregister()
         {
             // Still registered as far as we know: leak rather than free
@@ -192,6 +286,15 @@ impl<B: ?Sized + MemoryBuffer> Region<B> {
         self.base
     }
 
+    /// The start of the memory as the backend and peers see it: the
+    /// buffer's, or its shadow's once a shadow was registered.
+    pub(crate) fn addr(&self) -> usize {
+        match self.registration.get().and_then(|r| r.shadow.as_ref()) {
+            Some(shadow) => shadow.addr,
+            None => self.whole.addr,
+        }
+    }
+
     /// The backend's handle, once registered.
     pub(crate) fn id(&self) -> Option<RegionId> {
         self.registration.get().map(|r| r.id)
@@ -218,13 +321,25 @@ impl<B: ?Sized + MemoryBuffer> Region<B> {
         }
         let started = Instant::now();
         let backend = connector.backend_arc();
+        // Read-only memory that a peer could write anyway: the backend gets
+        // a private copy, and the memory itself is never registered.
+        let shadow = if self.writable || backend.access_enforced() {
+            None
+        } else {
+            Some(Shadow::of(self)?)
+        };
+        let registered = shadow.as_ref().map_or(self.whole, Shadow::segment);
         // SAFETY: the buffer stays valid (and writable if it says so) until
         // the region's `Drop` has deregistered it: the registration lives in
         // the region, and the buffer is dropped only after `deregister`
         // returned `Ok`. `whole.addr` came from `expose_provenance`. Views
         // are disjoint and operations own the views they move (V1, V2), so
-        // nothing else touches memory a transfer or an exposure covers.
-        let id = match unsafe { backend.register(&self.whole, self.writable) } {
+        // nothing else touches memory a transfer or an exposure covers. On a
+        // backend that does not enforce access, read-only memory is never
+        // registered: its shadow is, valid for reads and writes, reached by
+        // nothing but the backend, and freed only after `deregister`
+        // returned `Ok` (leaked otherwise).
+        let id = match unsafe { backend.register(&registered, self.writable) } {
             Ok(id) => id,
             // Another view may have registered the region meanwhile, and a
             // backend that refuses a second registration of the same
@@ -243,6 +358,7 @@ impl<B: ?Sized + MemoryBuffer> Region<B> {
             connector_name: connector.shared_name(),
             backend,
             id,
+            shadow,
         };
         match self.registration.set(mine) {
             Ok(()) => {
@@ -256,7 +372,7 @@ impl<B: ?Sized + MemoryBuffer> Region<B> {
                 );
                 Ok(id)
             }
-            Err(lost) => {
+            Err(mut lost) => {
                 if !lost.deregister() {
                     self.leak.store(true, Ordering::Release);
                 }
@@ -312,11 +428,14 @@ impl Region {
         {
             return None;
         }
-        if let Some(registration) = region.registration.get() {
+        if let Some(mut registration) = region.registration.take() {
             if !registration.deregister() {
+                // Still registered (its shadow, if any, leaked): the region
+                // keeps it, and the buffer.
+                let _kept = region.registration.set(registration);
                 return None;
             }
-            drop(region.registration.take());
+            drop(registration);
         }
         let any: &mut dyn std::any::Any = &mut *region.buffer;
         let buffer: *mut T = any.downcast_mut::<T>()?;
@@ -554,6 +673,39 @@ mod tests {
         assert_eq!(b.take_lowest(1), None);
         b.give_back(0, 130);
         assert_eq!(b.free_count(), 130);
+    }
+
+    /// On a backend that lets peers write any registered byte, read-only
+    /// memory is never registered: a private copy of it is, whose address
+    /// peers see, and the memory keeps its bytes whatever lands in the copy.
+    #[test]
+    fn read_only_memory_is_registered_as_a_private_copy_where_access_is_not_enforced() {
+        use crate::testing::Scripted;
+        let backend = Arc::new(Scripted::new(true, false));
+        assert!(!backend.access_enforced());
+        let c = Connector::from_arc(Arc::clone(&backend) as Arc<dyn RegistrationBackend>);
+        let bytes = bytes::Bytes::from((0..=255u8).cycle().take(4096).collect::<Vec<u8>>());
+        let alias = bytes.clone();
+        let mut ro = crate::Descriptor::from_bytes(bytes).unwrap();
+        assert_eq!(ro.ptr(), alias.as_ptr() as usize, "unregistered: its own address");
+        ro.register_memory(&c).unwrap();
+        assert_ne!(ro.ptr(), alias.as_ptr() as usize, "registered: the copy's");
+        let copy = ro.ptr() as *mut u8;
+        // SAFETY: test only: the copy is 4096 bytes of heap the region owns,
+        // registered, and nothing else touches it (what a peer's WRITE does).
+        let copied = unsafe { std::slice::from_raw_parts(copy, 4096) }.to_vec();
+        assert_eq!(copied, alias.to_vec(), "the copy holds the bytes");
+        // SAFETY: as above.
+        unsafe { std::ptr::write_bytes(copy, 0xEE, 4096) };
+        assert_eq!(ro.as_slice().unwrap(), &alias[..], "the memory kept its bytes");
+        assert!(alias.iter().zip((0..=255u8).cycle()).all(|(a, b)| *a == b));
+        drop(ro);
+        assert_eq!(backend.deregistered.load(Ordering::SeqCst), 1);
+
+        let mut rw = crate::Descriptor::new(vec![1u8; 64]).unwrap();
+        let before = rw.ptr();
+        rw.register_memory(&c).unwrap();
+        assert_eq!(rw.ptr(), before, "writable memory is registered as it is");
     }
 
     #[test]
