@@ -65,7 +65,7 @@ pub(crate) struct AgentMetadata {
 }
 
 /// One backend's connection info (UCX: the worker address).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Conn {
     pub(crate) backend: String,
     pub(crate) info: Vec<u8>,

@@ -226,6 +226,21 @@ impl NixlBackend {
     /// Loads a peer's checked metadata into the agents.
     pub(crate) fn load_peer(&self, md: &AgentMetadata) -> Result<()> {
         let _loads = lock(&self.loading);
+        if let Some(ago) = lock(&self.unreachable).since(&md.conns) {
+            // Asking UCX again would leave one more socket behind.
+            return Err(Error::backend(
+                NAME,
+                format!("load peer {:?}", md.name),
+                format!(
+                    "peer unreachable (exited?): UCX could not connect to peer {:?} with this \
+                     connection info {:.1} s ago; not tried again for {:?} after that \
+                     (Tuning::unreachable_for)",
+                    md.name,
+                    ago.as_secs_f64(),
+                    self.live.tuning.unreachable_for,
+                ),
+            ));
+        }
         let own = self.own_names();
         let own: Vec<&str> = own.iter().map(String::as_str).collect();
         let plan = lock(&self.peers)
@@ -352,15 +367,18 @@ impl NixlBackend {
             .initiating()
             .load_remote_md(blob)
             .map_err(|e| match e {
-                NixlError::BackendError if self.unreachable(blob) => Error::backend(
-                    NAME,
-                    format!(
-                        "peer unreachable (exited?): UCX cannot connect to peer {peer:?} \
+                NixlError::BackendError if self.is_unreachable(blob) => {
+                    self.remember_unreachable(blob);
+                    Error::backend(
+                        NAME,
+                        format!(
+                            "peer unreachable (exited?): UCX cannot connect to peer {peer:?} \
                          with the connection info in its metadata; {}",
-                        context()
-                    ),
-                    e,
-                ),
+                            context()
+                        ),
+                        e,
+                    )
+                }
                 e => nixl_error(context(), e),
             })?;
         if loaded == nixl_name {
@@ -380,7 +398,7 @@ impl NixlBackend {
     /// same BACKEND error as a region it refuses. So the peer's connection
     /// info alone is loaded under a name of its own: refused too, the
     /// connection is what failed. Taken only on that error path.
-    fn unreachable(&self, blob: &[u8]) -> bool {
+    fn is_unreachable(&self, blob: &[u8]) -> bool {
         let Ok(md) = AgentMetadata::parse(blob) else {
             return false;
         };
@@ -402,6 +420,14 @@ impl NixlBackend {
                 tracing::debug!(peer = %md.name, %error, "the peer's connection info alone is refused: unreachable");
                 matches!(error, NixlError::BackendError)
             }
+        }
+    }
+
+    /// Remembers the connection info of `blob` as unreachable (see
+    /// [`crate::unreachable`]).
+    fn remember_unreachable(&self, blob: &[u8]) {
+        if let Ok(md) = AgentMetadata::parse(blob) {
+            lock(&self.unreachable).remember(&md.conns);
         }
     }
 

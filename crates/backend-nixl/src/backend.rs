@@ -20,6 +20,7 @@ use crate::peers::Peers;
 use crate::route::{self, Route};
 use crate::scope::MetadataScope;
 use crate::transfer::{ApartNotification, Asker, Transfer};
+use crate::unreachable::Unreachable;
 use crate::watcher::{self, Kick, Live};
 
 /// A real NIXL agent (UCX by default) implementing [`RegistrationBackend`].
@@ -54,6 +55,8 @@ pub struct NixlBackend {
     pub(crate) loading: Mutex<()>,
     /// This agent's connection-only metadata, made once.
     pub(crate) connection_md: Mutex<Option<Vec<u8>>>,
+    /// Peers' connection infos UCX could not connect to, lately.
+    pub(crate) unreachable: Mutex<Unreachable>,
 }
 
 impl std::fmt::Debug for NixlBackend {

@@ -16,6 +16,7 @@ use crate::peers::Peers;
 use crate::runtime;
 use crate::scope::MetadataScope;
 use crate::tuning::{Notifications, Tuning};
+use crate::unreachable::Unreachable;
 use crate::watcher::Live;
 
 /// Builds a [`NixlBackend`]: transport plugins and their parameters, progress
@@ -223,6 +224,7 @@ impl NixlBackendBuilder {
         let agents = Agents::new(serving, initiator, self.notifications);
         tracing::debug!(agent = %self.name, two_agents = agents.two(), notifications = ?agents.notifications, ?plugins, scope = ?self.scope, "created NIXL agents");
         Ok(NixlBackend {
+            unreachable: Mutex::new(Unreachable::new(self.tuning.unreachable_for)),
             live: Arc::new(Live::new(agents, self.tuning)),
             watcher: Mutex::new(None),
             name: self.name,

@@ -74,6 +74,7 @@ pub mod runtime;
 mod scope;
 mod transfer;
 mod tuning;
+mod unreachable;
 mod watcher;
 
 pub use backend::NixlBackend;

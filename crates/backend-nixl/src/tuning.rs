@@ -33,6 +33,7 @@ use std::time::Duration;
 /// | [`assisted`](Self::assisted) | 20 µs | the watcher keeps off a transfer its waiter polls |
 /// | [`follow_at_post`](Self::follow_at_post) | 64 KiB | waking the watcher at post costs a small transfer more than it gains |
 /// | [`progress_thread_delay`](Self::progress_thread_delay) | 100 ms | NIXL's thread wakes on traffic: the delay sets only the idle cost |
+/// | [`unreachable_for`](Self::unreachable_for) | 60 s | a dead peer retried leaks two sockets per attempt in UCX |
 #[non_exhaustive]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tuning {
@@ -74,6 +75,14 @@ pub struct Tuning {
     /// the latency; NIXL's own default, 0, spins a core per agent. Why:
     /// docs/decisions/0001-nixl-progress-thread-and-delay.md.
     pub progress_thread_delay: Duration,
+    /// How long a peer's connection info that UCX could not connect to (the
+    /// peer exited) is remembered: loads of it meanwhile are refused at
+    /// once, without a new attempt. Each attempt leaves a socket in UCX that
+    /// nothing can close, so this bounds what a worker retrying a dead peer
+    /// leaks: two file descriptors per this time, whatever the retries. A
+    /// peer restarted under its name has new connection info and is not
+    /// affected; zero turns it off. Why: crate `unreachable` module docs.
+    pub unreachable_for: Duration,
 }
 
 impl Default for Tuning {
@@ -87,6 +96,7 @@ impl Default for Tuning {
             assisted: Duration::from_micros(20),
             follow_at_post: 64 << 10,
             progress_thread_delay: Duration::from_millis(100),
+            unreachable_for: Duration::from_secs(60),
         }
     }
 }

@@ -77,3 +77,35 @@ fn reading_from_a_peer_that_exited_says_it_is_unreachable() {
     assert_unreachable(&error);
     assert_eq!(client.remote_agent_count(), 0);
 }
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, Iterator::count)
+}
+
+/// A worker that keeps retrying a dead peer (1,000 READs of one exited,
+/// never-connected incarnation) keeps its file descriptors within a fixed
+/// bound: a peer found unreachable is remembered (for
+/// `Tuning::unreachable_for`), and the retries within that time are refused
+/// without asking UCX to connect again; each one still says why.
+#[test]
+fn retrying_a_peer_that_exited_keeps_file_descriptors_bounded() {
+    if !runtime_available() || std::env::var_os(ROLE).is_some() {
+        return;
+    }
+    let metadata = metadata_of_a_peer_that_exited();
+    let client =
+        Connector::new(NixlBackend::new(&format!("retrier-{}", std::process::id())).unwrap());
+    let error = client.begin_read(&metadata, zeroed_one(4096)).unwrap_err();
+    assert_unreachable(&error);
+    let before = open_fds();
+    for _ in 0..1000 {
+        let error = client.begin_read(&metadata, zeroed_one(4096)).unwrap_err();
+        assert_unreachable(&error);
+    }
+    let grown = open_fds().saturating_sub(before);
+    assert!(
+        grown <= 8,
+        "{grown} file descriptors more after 1,000 failed READs of one dead peer"
+    );
+    assert_eq!(client.remote_agent_count(), 0);
+}
