@@ -23,7 +23,10 @@ fn a_forged_write_never_changes_an_immutable_bytes() {
     }
     for scope in [MetadataScope::Agent, MetadataScope::Exposed] {
         let h = Nixl::new(scope);
-        let (a, b) = (Connector::new(h.backend("a")), Connector::new(h.backend("b")));
+        let (a, b) = (
+            Connector::new(h.backend("a")),
+            Connector::new(h.backend("b")),
+        );
         let bytes = Bytes::from(vec![0x33u8; 4096]);
         let alias = bytes.clone();
         let readable = a
@@ -42,6 +45,9 @@ fn a_forged_write_never_changes_an_immutable_bytes() {
             .and_then(|w| w.wait_timeout(Duration::from_secs(5)))
             .is_ok();
         std::thread::sleep(Duration::from_millis(50));
-        assert_eq!(alias[0], 0x33, "immutable Bytes mutated through the safe API ({scope:?}, WRITE ok = {wrote})");
+        assert_eq!(
+            alias[0], 0x33,
+            "immutable Bytes mutated through the safe API ({scope:?}, WRITE ok = {wrote})"
+        );
     }
 }
