@@ -103,10 +103,15 @@ impl Spans {
         Spans { kinds }
     }
 
-    /// Whether `a` and `b`, with `a` before `b` on one device, lie in one
-    /// registration: one that starts at or before `a` and ends at or past
-    /// `b`'s end. (Registrations of one agent do not overlap in practice;
-    /// where they do, one reaching from `a` to past `b` still holds both.)
+    /// Whether one registration holds every byte from `a`'s start through
+    /// `b`'s end (`a` before `b`, on one device): one that starts at or
+    /// before `a` and ends at or past `b`'s end. [`TransferRequest::runs`]
+    /// asks it with `a` the run merged so far, so that a run is merged only
+    /// while all of it lies in one registration: where registrations overlap
+    /// (X = [0, 8 KiB) and Y = [4 KiB, 12 KiB), a Dynamo peer's overlapping
+    /// descriptors), neighbours each in one may together lie in none.
+    ///
+    /// [`TransferRequest::runs`]: descriptor_core::TransferRequest::runs
     pub(crate) fn hold_together(&self, a: &Segment, b: &Segment) -> bool {
         let kind = match a.device.kind() {
             DeviceKind::Host => (0, 0),
@@ -497,5 +502,47 @@ mod tests {
         assert!(!spans.hold_together(&cuda(0, 0x1000, 0x800), &cuda(0, 0x1800, 0x800)));
         assert!(!spans.hold_together(&host(0x3000, 0x800), &host(0x3800, 0x800)));
         assert!(!Spans::default().hold_together(&host(0x1000, 1), &host(0x1001, 1)));
+    }
+
+    /// X = [0, 8 KiB) and Y = [4 KiB, 12 KiB) of one peer, three 4 KiB remote
+    /// ranges end to end: each neighbouring pair lies in X or in Y, the
+    /// three together in neither; the runs NIXL is given lie each in one.
+    #[test]
+    fn runs_over_overlapping_registrations_lie_each_in_one() {
+        use descriptor_core::{Device, OperationKind, RegionId, TransferRequest};
+        const B: u64 = 4096;
+        let key = |addr: u64, len: u64| RegionKey {
+            backend: "UCX".into(),
+            mem: 0,
+            addr,
+            len,
+            dev: 0,
+        };
+        let base = 0x10_0000;
+        let spans = Spans::new([key(base, 2 * B), key(base + B, 2 * B)].iter());
+        let host = |addr: u64, len: u64| Segment {
+            addr: usize::try_from(addr).unwrap(),
+            len: usize::try_from(len).unwrap(),
+            device: Device::HOST,
+        };
+        let remote: Vec<Segment> = (0..3).map(|i| host(base + i * B, B)).collect();
+        assert!(spans.hold_together(&remote[0], &remote[1]));
+        assert!(spans.hold_together(&remote[1], &remote[2]));
+        assert!(!spans.hold_together(&host(base, 2 * B), &remote[2]));
+        let local: Vec<Segment> = (0..3).map(|i| host(0x90_0000 + i * B, B)).collect();
+        let request = TransferRequest {
+            op: OperationKind::Read,
+            peer: "p",
+            local: &local,
+            local_regions: &[RegionId(1); 3],
+            remote: &remote,
+            notification: b"k",
+            notify: true,
+        };
+        let runs: Vec<(Segment, usize)> = request
+            .runs(|a, b| spans.hold_together(a, b))
+            .map(|run| (run.remote, run.count))
+            .collect();
+        assert_eq!(runs, [(host(base, 2 * B), 2), (host(base + 2 * B, B), 1)]);
     }
 }

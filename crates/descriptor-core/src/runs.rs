@@ -6,9 +6,12 @@
 //! the operation and in Dynamo's metadata, which pairs index by index; below
 //! that, one descriptor per run is what transports are fast with (NIXL
 //! merges contiguous descriptors only in prepared lists, not in
-//! `create_xfer_req`). Only the backend can tell whether two remote ranges
-//! lie in one of the peer's registrations (a run across two is refused), so
-//! it passes that test in; the local side's is [`TransferRequest::local_regions`].
+//! `create_xfer_req`). Only the backend can tell whether remote bytes lie in
+//! one of the peer's registrations (a run across two is refused), so it
+//! passes that test in; the local side's is [`TransferRequest::local_regions`].
+//! The test is asked about the whole run, from its start through the next
+//! pair's end, never about a pair alone: where a peer's registrations
+//! overlap, each pair may lie in one while the run lies in none.
 
 use crate::backend::{RegionId, Segment, TransferRequest};
 
@@ -38,7 +41,8 @@ pub struct Runs<'a, F> {
 impl<F: FnMut(&Segment, &Segment) -> bool> Runs<'_, F> {
     /// Whether pair `i` continues the run `run`, whose last pair is `i - 1`.
     /// Contiguity is tested first: it is why most pairs that do not merge
-    /// do not (scattered blocks), and the cheapest test.
+    /// do not (scattered blocks), and the cheapest test. The remote test
+    /// gets the run so far: the merged run must lie in one registration.
     fn continues(&mut self, run: &Run, i: usize) -> bool {
         let (local, remote) = (&self.local[i], &self.remote[i]);
         run.local.end() == Some(local.addr)
@@ -50,7 +54,7 @@ impl<F: FnMut(&Segment, &Segment) -> bool> Runs<'_, F> {
             )
             && local.device == run.local.device
             && remote.device == run.remote.device
-            && (self.same_remote_region)(&self.remote[i - 1], remote)
+            && (self.same_remote_region)(&run.remote, remote)
     }
 }
 
@@ -85,11 +89,14 @@ impl<F: FnMut(&Segment, &Segment) -> bool> Iterator for Runs<'_, F> {
 impl<'a> TransferRequest<'a> {
     /// The request's pairs merged into runs: consecutive pairs whose local
     /// segments lie in one region (`local_regions`) and end where the next
-    /// begins, whose remote segments end where the next begins and lie in
-    /// one of the peer's registrations (`same_remote_region` of the two
-    /// remote segments, the backend's knowledge), with equal lengths on both
-    /// sides and one device per side. Nothing is reordered; a run covers
-    /// exactly the bytes of its pairs.
+    /// begins, whose remote segments end where the next begins, with equal
+    /// lengths on both sides and one device per side, and whose whole
+    /// remote run lies in one of the peer's registrations (the backend's
+    /// knowledge): `same_remote_region(run, next)` is asked with the remote
+    /// run built so far and the next pair's remote segment, and must say
+    /// whether one registration holds every byte from `run`'s start through
+    /// `next`'s end. Nothing is reordered; a run covers exactly the bytes of
+    /// its pairs.
     pub fn runs<F: FnMut(&Segment, &Segment) -> bool>(&self, same_remote_region: F) -> Runs<'a, F> {
         Runs {
             local: self.local,
@@ -202,6 +209,25 @@ mod tests {
         assert_eq!(runs(&pairs, None, halves), [(0, 4), (4, 4)]);
     }
 
+    /// The peer registered X = blocks 0..2 and Y = blocks 1..3 (overlapping
+    /// on block 1): each pair of neighbours lies in one, all three in none.
+    fn overlapping(run: &Segment, next: &Segment) -> bool {
+        let block = |addr: usize| (addr - 0x90_000) / 0x100;
+        let (start, end) = (block(run.addr), block(next.addr) + 1);
+        [(0, 2), (1, 3)]
+            .iter()
+            .any(|&(s, e)| s <= start && end <= e)
+    }
+
+    #[test]
+    fn a_run_is_merged_only_while_one_registration_holds_all_of_it() {
+        let pairs = [(0, 0), (1, 1), (2, 2)];
+        assert_eq!(runs(&pairs, None, overlapping), [(0, 2), (2, 1)]);
+        // From block 1 on, Y holds the run.
+        let pairs = [(1, 1), (2, 2)];
+        assert_eq!(runs(&pairs, None, overlapping), [(0, 2)]);
+    }
+
     #[test]
     fn pairs_of_unequal_lengths_or_devices_stay_alone() {
         let local = [
@@ -229,6 +255,83 @@ mod tests {
         };
         let found: Vec<(usize, usize)> = request.runs(any).map(|r| (r.first, r.count)).collect();
         assert_eq!(found, [(0, 1), (1, 1), (2, 1), (3, 1)]);
+    }
+
+    proptest::proptest! {
+        /// Random, overlapping registrations of a peer and random remote
+        /// ranges (neighbours or not), paired with one contiguous local
+        /// region: the runs cover exactly the pairs, in order, each run of
+        /// more than one pair lies in one registration, and a run ends only
+        /// where no registration could hold it with the next pair.
+        #[test]
+        fn merged_runs_lie_in_one_registration_and_cover_exactly_the_pairs(
+            registrations in proptest::collection::vec((0usize..48, 1usize..16), 0..6),
+            ranges in proptest::collection::vec((proptest::bool::weighted(0.8), 0usize..4, 1usize..4), 0..16),
+        ) {
+            const UNIT: usize = 0x100;
+            let held = |start: usize, end: usize| {
+                registrations
+                    .iter()
+                    .any(|&(s, len)| s * UNIT <= start && end <= (s + len) * UNIT)
+            };
+            let mut remote = Vec::new();
+            let mut at = 0x10 * UNIT;
+            for &(neighbour, gap, len) in &ranges {
+                if !neighbour {
+                    at += gap * UNIT;
+                }
+                remote.push(seg(at, len * UNIT));
+                at += len * UNIT;
+            }
+            let mut local = Vec::new();
+            let mut l = 0x100_000;
+            for r in &remote {
+                local.push(seg(l, r.len));
+                l += r.len;
+            }
+            let ids = vec![RegionId(1); remote.len()];
+            let request = TransferRequest {
+                op: OperationKind::Read,
+                peer: "p",
+                local: &local,
+                local_regions: &ids,
+                remote: &remote,
+                notification: b"k",
+                notify: true,
+            };
+            let found: Vec<Run> = request
+                .runs(|run: &Segment, next: &Segment| {
+                    next.end().is_some_and(|end| held(run.addr, end))
+                })
+                .collect();
+            let mut next = 0;
+            for (k, run) in found.iter().enumerate() {
+                proptest::prop_assert_eq!(run.first, next);
+                proptest::prop_assert!(run.count >= 1);
+                let pairs = run.first..run.first + run.count;
+                let bytes: usize = remote[pairs.clone()].iter().map(|s| s.len).sum();
+                proptest::prop_assert_eq!(run.remote, seg(remote[run.first].addr, bytes));
+                proptest::prop_assert_eq!(run.local, seg(local[run.first].addr, bytes));
+                for i in pairs.clone().skip(1) {
+                    proptest::prop_assert_eq!(remote[i - 1].end(), Some(remote[i].addr));
+                }
+                if run.count > 1 {
+                    proptest::prop_assert!(
+                        held(run.remote.addr, run.remote.addr + bytes),
+                        "run {:?} lies in no registration of {:?}", run, registrations
+                    );
+                }
+                // Greedy: the next pair was left out for a reason.
+                if let (Some(after), Some(_)) = (found.get(k + 1), remote.get(pairs.end)) {
+                    let r = remote[after.first];
+                    if run.remote.end() == Some(r.addr) {
+                        proptest::prop_assert!(!held(run.remote.addr, r.addr + r.len));
+                    }
+                }
+                next = pairs.end;
+            }
+            proptest::prop_assert_eq!(next, remote.len());
+        }
     }
 
     #[test]
