@@ -77,6 +77,8 @@ struct Armed {
     fail: Option<SharedCause>,
     hold: Option<Hold>,
     drop_notification: bool,
+    /// The held transfer is posted even if released meanwhile.
+    unabortable: bool,
 }
 
 /// How long an armed transfer waits before it is handed to the backend.
@@ -145,8 +147,10 @@ impl std::fmt::Debug for Stall {
 }
 
 enum Entry {
-    /// An injected delay or stall is running; a timer thread holds the request.
-    Waiting,
+    /// An injected delay or stall is running; a timer thread holds the
+    /// request. Not `abortable`: released meanwhile, it is still posted
+    /// when the hold ends, and its release says `StillRunning` until then.
+    Waiting { abortable: bool },
     /// The timer thread is inside the inner backend's `post`.
     Posting,
     /// Handed to the inner backend.
@@ -242,6 +246,18 @@ impl Faults {
     /// the backend; released meanwhile (cancelled, dropped), it never is.
     pub fn delay_next_transfer(&self, delay: Duration) {
         self.arm(|armed| armed.hold = Some(Hold::For(delay)));
+    }
+
+    /// The next transfer stays in progress for `delay`, then is handed to
+    /// the backend *even if it was cancelled meanwhile*, and its memory is
+    /// let go only after that: a transfer the transport cannot abort (NIXL),
+    /// whose bytes land after the cancel, for tests of what may use that
+    /// memory while it drains.
+    pub fn drain_next_transfer(&self, delay: Duration) {
+        self.arm(|armed| {
+            armed.hold = Some(Hold::For(delay));
+            armed.unabortable = true;
+        });
     }
 
     /// The next transfer stays in progress until the returned [`Stall`] is
@@ -344,11 +360,11 @@ impl<B: RegistrationBackend> Shared<B> {
             let mut state = lock(&self.state);
             let gone = state.vanished;
             match state.transfers.get_mut(&id.0) {
-                Some(entry @ Entry::Waiting) if !gone => {
+                Some(entry @ Entry::Waiting { .. }) if !gone => {
                     *entry = Entry::Posting;
                     state.posted += 1;
                 }
-                Some(entry @ Entry::Waiting) => {
+                Some(entry @ Entry::Waiting { .. }) => {
                     *entry = Entry::Failed(Arc::new(vanished()));
                     drop(state);
                     self.signal();
@@ -372,8 +388,9 @@ impl<B: RegistrationBackend> Shared<B> {
         };
         // SAFETY: whoever posted to us keeps `post`'s contract: the local
         // segments stay valid and untouched until our `release` returns
-        // `LetGo` for `id`, which it does not while the entry is `Posting`,
-        // and afterwards only once the inner backend let go.
+        // `LetGo` for `id`, which it does not while the entry is `Posting`
+        // (or an unabortable `Waiting`), and afterwards only once the inner
+        // backend let go.
         let posted = unsafe { self.inner.post(&request) };
         let entry = match posted {
             Ok(inner) => Entry::Posted(inner.id),
@@ -497,7 +514,10 @@ impl<B: RegistrationBackend> RegistrationBackend for Faulty<B> {
             notification: request.notification.to_vec(),
             notify: request.notify,
         };
-        let id = Shared::<B>::insert(&mut lock(&self.shared.state), Entry::Waiting);
+        let waiting = Entry::Waiting {
+            abortable: !armed.unabortable,
+        };
+        let id = Shared::<B>::insert(&mut lock(&self.shared.state), waiting);
         let shared = Arc::downgrade(&self.shared);
         let spawned = std::thread::Builder::new()
             .name("fault-delay".into())
@@ -521,7 +541,7 @@ impl<B: RegistrationBackend> RegistrationBackend for Faulty<B> {
                 None => return TransferState::failed(format!("unknown transfer {}", transfer.0)),
                 Some(Entry::Failed(cause)) => return TransferState::Failed(Arc::clone(cause)),
                 Some(_) if state.vanished => return TransferState::failed(vanished()),
-                Some(Entry::Waiting | Entry::Posting) => return TransferState::InProgress,
+                Some(Entry::Waiting { .. } | Entry::Posting) => return TransferState::InProgress,
                 Some(Entry::Cancelled) => return TransferState::failed("released"),
                 Some(Entry::Posted(inner)) => *inner,
             }
@@ -538,7 +558,8 @@ impl<B: RegistrationBackend> RegistrationBackend for Faulty<B> {
             match entry {
                 Entry::Posting => return Ok(Release::StillRunning),
                 Entry::Posted(inner) => *inner,
-                Entry::Waiting => {
+                Entry::Waiting { abortable: false } => return Ok(Release::StillRunning),
+                Entry::Waiting { abortable: true } => {
                     // The timer thread finds it cancelled and never posts.
                     *entry = Entry::Cancelled;
                     return Ok(Release::LetGo);

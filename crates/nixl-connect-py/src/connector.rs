@@ -115,6 +115,11 @@ fn pairing_error(error: Error, local: usize) -> PyErr {
             local: l,
             remote: r,
             ..
+    if let Access::Written = access {
+        for d in descriptors {
+            d.get().record_written();
+        }
+    }
         } if local == 1 => PyValueError::new_err(format!(
             "Local and remote descriptors must be the same size. {l} != {r}."
         )),
@@ -281,6 +286,17 @@ impl PyConnector {
     /// Exposes the descriptors' memory for one peer to WRITE.
     fn create_writable(
         slf: &Bound<'_, Self>,
+    /// Testing hook (loopback only): the next transfer this connector posts
+    /// stays in progress for `seconds`, then moves its bytes *even if it was
+    /// cancelled meanwhile* (a transfer NIXL cannot abort), and lets go of
+    /// the memory only after that.
+    fn _drain_next_transfer(&self, seconds: f64) -> PyResult<()> {
+        let delay = Duration::try_from_secs_f64(seconds)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        self.faults()?.drain_next_transfer(delay);
+        Ok(())
+    }
+
         descriptors: Vec<Py<PyDescriptor>>,
     ) -> PyResult<PyOperation> {
         let py = slf.py();

@@ -12,6 +12,7 @@ use pyo3::prelude::*;
 use crate::connector::PyConnector;
 use crate::error::to_py;
 use crate::fork;
+use crate::held;
 use crate::memory::{PyMemory, Source, source_of};
 use crate::operation::Loan;
 use crate::pool::PyRegisteredMemory;
@@ -102,8 +103,30 @@ impl PyDescriptor {
 
     /// Records which operation holds the lent memory.
     pub(crate) fn lent_to(&self, owner: Weak<Loan>) {
-        if let Slot::Lent { loan, .. } = &mut *self.lock() {
+        if let Slot::Lent { loan, alive } = &mut *self.lock() {
+            if self.part.is_none() {
+                held::attach(self.source.ptr, alive, &owner);
+            }
             *loan = owner;
+        }
+    }
+
+    /// Records the lent memory as written by its operation (see `held`):
+    /// until it comes back, no other operation is lent memory overlapping
+    /// it. Nothing for a pool's part (the core's allocator keeps parts apart).
+    pub(crate) fn record_written(&self) {
+        if self.part.is_some() {
+            return;
+        }
+        if let Slot::Lent { alive, .. } = &*self.lock() {
+            held::record(self.source.ptr, self.source.size, alive);
+        }
+    }
+
+    /// The liveness of the buffer the slot holds (or last lent).
+    fn alive(&self) -> Weak<()> {
+        match &*self.lock() {
+            Slot::Idle { alive, .. } | Slot::Lent { alive, .. } => alive.clone(),
         }
     }
 
@@ -149,6 +172,10 @@ impl PyDescriptor {
     ) -> PyResult<Descriptor> {
         fork::check()?;
         self.settle_loan();
+        if self.part.is_none() {
+            // Not lent over memory another operation may still write.
+            held::check(index, self.source.ptr, self.source.size, &self.alive())?;
+        }
         if let (Some(part), Some(connector)) = (&self.part, connector) {
             part.memory.get().ensure_registered(py, connector)?;
         }
@@ -172,8 +199,9 @@ impl PyDescriptor {
             }
             (Slot::Lent { .. }, None) => {
                 return Err(PyValueError::new_err(format!(
-                    "descriptor {index} is in use by another operation (wait for that operation to finish, \
-                     or describe the memory with a new Descriptor)"
+                    "descriptor {index} is in use by another operation: wait for that operation to end \
+                     (after `cancel()`, `await op.wait_for_release()` waits until a transfer the backend \
+                     could not abort has let go of the memory)"
                 )));
             }
         }
@@ -208,6 +236,9 @@ impl PyDescriptor {
         let alive = match &*slot {
             Slot::Lent { alive, .. } | Slot::Idle { alive, .. } => alive.clone(),
         };
+        if self.part.is_none() {
+            held::forget(self.source.ptr, &alive);
+        }
         *slot = Slot::Idle { descriptor, alive };
     }
 

@@ -25,6 +25,7 @@ mod device;
 mod error;
 mod export;
 mod fork;
+mod held;
 mod log;
 mod memory;
 mod metadata;
@@ -45,6 +46,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<pool::PyRegisteredMemory>()?;
     m.add_class::<notifier::Notifier>()?;
     m.add("BACKENDS", connector::BACKENDS.to_vec())?;
+    m.add("MemoryBusy", m.py().get_type::<held::MemoryBusy>())?;
     m.add("TYPE_ERROR_MESSAGE", memory::TYPE_ERROR_MESSAGE)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("DEVICE_FORMS", device::DEVICE_FORMS)?;

@@ -301,6 +301,19 @@ macro_rules! operation_common {
                 self.core.shared().finish(Outcome::Cancelled);
             }
 
+            /// Blocks until the operation has ended and the backend has let
+            /// go of its memory, at most `timeout`: true once
+            /// [`into_descriptors`](Self::into_descriptors) succeeds. After a
+            /// [`cancel`](Self::cancel) this waits for a transfer the backend
+            /// could not abort to drain, the moment from which no byte of
+            /// it lands any more. False if `timeout` passed first, or at
+            /// once for memory that is never given back (a cancelled passive
+            /// operation where revocation is not enforced).
+            pub fn wait_released(&self, timeout: Duration) -> bool {
+                self.core.progress.catch_up();
+                self.core.shared().wait_released(timeout)
+            }
+
             /// Number of descriptors the operation holds.
             pub fn len(&self) -> usize {
                 self.core.descriptors.len()

@@ -391,6 +391,31 @@ impl OpShared {
         st.settled && st.pending == Pending::Nothing
     }
 
+    /// Blocks until the operation ended and the backend let go of its
+    /// memory (true), the memory is leaked for good, or `timeout` passed
+    /// (false). Each attempt to let go publishes and wakes sleepers.
+    pub(crate) fn wait_released(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now().checked_add(timeout);
+        let mut st = self.lock();
+        loop {
+            if st.status.is_terminal() && st.settled {
+                match st.pending {
+                    Pending::Nothing => return true,
+                    Pending::Leaked | Pending::Exposure(_) => return false,
+                    _ => {}
+                }
+            }
+            let left = match deadline {
+                None => None,
+                Some(deadline) => match deadline.checked_duration_since(Instant::now()) {
+                    Some(left) if !left.is_zero() => Some(left),
+                    _ => return false,
+                },
+            };
+            st = self.sleep(st, left);
+        }
+    }
+
     /// Decides the outcome unless one was decided already; returns what the
     /// deciding thread must then ask of the backend.
     fn decide(&self, st: &mut OpState, outcome: Outcome) -> Option<LetGo> {

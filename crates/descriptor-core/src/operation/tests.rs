@@ -83,6 +83,25 @@ fn a_draining_transfer_keeps_its_memory_until_the_backend_lets_go() {
     assert!(!backend.freed_early());
 }
 
+/// `wait_released` after a cancel returns once the draining transfer let
+/// go (then the memory comes back), and says false while it has not.
+#[test]
+fn wait_released_waits_for_a_cancelled_transfer_to_drain() {
+    let backend = Arc::new(Scripted::new(true, false));
+    let c = connector(&backend);
+    let (local, freed) = backend.tracked(64);
+    backend.script_releases(&[Script::Busy, Script::Busy, Script::Busy]);
+    let read = c.begin_read(&remote(64), vec![local]).unwrap();
+    assert!(!read.wait_released(Duration::ZERO), "in flight: not released");
+    read.cancel();
+    assert!(read.wait_released(Duration::from_secs(30)), "drained in time");
+    assert!(backend.let_go());
+    let back = read.into_descriptors().unwrap();
+    drop(back);
+    assert_eq!(freed.load(Ordering::SeqCst), 1);
+    assert!(!backend.freed_early());
+}
+
 #[test]
 fn a_draining_transfer_hands_its_memory_back_once_released() {
     let backend = Arc::new(Scripted::new(true, false));

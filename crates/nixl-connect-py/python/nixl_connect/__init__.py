@@ -1100,6 +1100,27 @@ class PassiveOperation(AbstractOperation):
             )
         try:
             fresh = self._exposed(self._connection, self._local_desc_list)
+    async def wait_for_release(self, timeout: Optional[float] = None) -> bool:
+        """Waits, without blocking the event loop, until the operation ended
+        and the backend let go of its memory: after `cancel()`, until a
+        transfer NIXL could not abort has drained, from which point none of
+        its bytes land any more. True then; False if `timeout` seconds passed
+        first. A cancelled passive operation on NIXL never lets go (a peer
+        may still write): give a timeout. Not in Dynamo's API (an extension;
+        `wait_for_completion` after `cancel()` returns at once, as Dynamo's)."""
+        native = self._native
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        pause = 0.001
+        while True:
+            native.reclaim_now()
+            if native.reclaimed:
+                return True
+            if deadline is not None and loop.time() >= deadline:
+                return False
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.05)
+
         except (ValueError, RuntimeError) as e:
             raise RuntimeError(f"{type(self).__name__} cannot be re-armed: {e}") from e
         self._native = fresh
@@ -1634,6 +1655,31 @@ class Connector:
 
     @cached_property
     def is_cuda_available(self) -> bool:
+# How long a Connector's coroutine waits for memory that an earlier
+# operation may still write (a cancelled transfer draining: NIXL cannot
+# abort a posted one) before it raises `_native.MemoryBusy` (a ValueError).
+_BUSY_WAIT = 10.0
+
+_Made = Any
+
+
+async def _when_let_go(make: Any) -> _Made:
+    """`make()` once no earlier operation may still write the memory it
+    describes (see `_native.MemoryBusy`), retried with a growing pause for
+    up to `_BUSY_WAIT` seconds; then the last `MemoryBusy` is raised."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _BUSY_WAIT
+    pause = 0.001
+    while True:
+        await asyncio.sleep(pause)
+        try:
+            return make()
+        except _native.MemoryBusy:
+            if loop.time() >= deadline:
+                raise
+            pause = min(pause * 2, 0.05)
+
+
         """Whether CUDA memory can be used (CuPy or an imported torch says so)."""
         try:
             import cupy  # type: ignore[import-not-found]
@@ -1688,7 +1734,15 @@ class Connector:
         connection = self._shared_connection
         if connection is None or type(self)._create_connection is not _CREATE_CONNECTION:
             connection = await self._create_connection()
-        return ReadOperation(connection, remote_metadata, local_descriptors)
+        try:
+            return ReadOperation(connection, remote_metadata, local_descriptors)
+        except _native.MemoryBusy:
+            return cast(
+                ReadOperation,
+                await _when_let_go(
+                    lambda: ReadOperation(connection, remote_metadata, local_descriptors)
+                ),
+            )
 
     async def begin_write(
         self,
@@ -1712,7 +1766,15 @@ class Connector:
         connection = self._shared_connection
         if connection is None or type(self)._create_connection is not _CREATE_CONNECTION:
             connection = await self._create_connection()
-        return WriteOperation(connection, local_descriptors, remote_metadata)
+        try:
+            return WriteOperation(connection, local_descriptors, remote_metadata)
+        except _native.MemoryBusy:
+            return cast(
+                WriteOperation,
+                await _when_let_go(
+                    lambda: WriteOperation(connection, local_descriptors, remote_metadata)
+                ),
+            )
 
     async def create_readable(
         self, local_descriptors: Descriptor | list[Descriptor]
@@ -1721,7 +1783,13 @@ class Connector:
         connection = self._shared_connection
         if connection is None or type(self)._create_connection is not _CREATE_CONNECTION:
             connection = await self._create_connection()
-        return ReadableOperation(connection, local_descriptors)
+        try:
+            return ReadableOperation(connection, local_descriptors)
+        except _native.MemoryBusy:
+            return cast(
+                ReadableOperation,
+                await _when_let_go(lambda: ReadableOperation(connection, local_descriptors)),
+            )
 
     async def create_writable(
         self, local_descriptors: Descriptor | list[Descriptor]
@@ -1730,7 +1798,13 @@ class Connector:
         connection = self._shared_connection
         if connection is None or type(self)._create_connection is not _CREATE_CONNECTION:
             connection = await self._create_connection()
-        return WritableOperation(connection, local_descriptors)
+        try:
+            return WritableOperation(connection, local_descriptors)
+        except _native.MemoryBusy:
+            return cast(
+                WritableOperation,
+                await _when_let_go(lambda: WritableOperation(connection, local_descriptors)),
+            )
 
 
 # `Connector`'s own `_create_connection`: while a connector's class keeps it,

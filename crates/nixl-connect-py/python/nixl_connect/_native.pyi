@@ -63,6 +63,9 @@ class Connector:
     ) -> Connector:
         """`backend` is ``"nixl"`` or ``"loopback"``; NIXL's runtime is looked
         for first in `site_packages`."""
+class MemoryBusy(ValueError):
+    """A descriptor's memory is still being written by an earlier operation."""
+
 
     @property
     def name(self) -> str:
@@ -114,6 +117,9 @@ class Connector:
 @final
 class Descriptor:
     """Memory of a Python object, kept alive while a transfer may touch it."""
+
+    def _drain_next_transfer(self, seconds: float) -> None:
+        """Testing hook (loopback): the next transfer waits `seconds`, then moves its bytes even if cancelled."""
 
     def __new__(cls, data: object) -> Descriptor:
         """``TypeError`` (`TYPE_ERROR_MESSAGE`) if `data` describes no memory."""
