@@ -553,6 +553,34 @@ pub fn cancel_before_completion(h: &dyn Harness) {
     assert_eq!(client.remote_agent_count(), 0);
 }
 
+/// A cancelled transfer that the backend cannot abort (injected: posted
+/// when its hold ends although it was cancelled, as NIXL's keep running)
+/// keeps its memory until it has drained: `wait_released` waits for that,
+/// and then the memory comes back holding the bytes the drain wrote, with
+/// nothing landing any more.
+pub fn a_cancelled_transfer_keeps_its_memory_until_it_drained(h: &dyn Harness) {
+    let server = connector(h, "drain-server");
+    let (client, faults) = faulty(h, "drain-client");
+    let readable = server.create_readable(descriptors(70, &[65536])).unwrap();
+    faults.drain_next_transfer(Duration::from_millis(200));
+    let read = client
+        .begin_read(readable.metadata(), zeroed(&[65536]))
+        .unwrap();
+    assert!(
+        !read.wait_released(Duration::ZERO),
+        "in flight: not released"
+    );
+    read.cancel();
+    assert!(matches!(read.wait_timeout(WAIT), Err(Error::Cancelled)));
+    assert!(
+        read.wait_released(WAIT),
+        "the cancelled transfer never drained"
+    );
+    let back = read.into_descriptors().unwrap();
+    assert_pattern(&back, 70, "memory a cancelled READ drained into");
+    readable.cancel();
+}
+
 /// An injected transfer failure ends the operation `Errored` with the cause,
 /// moves nothing, and leaves both connectors usable: a retry lands.
 pub fn injected_failure_errors_the_operation_and_moves_nothing(h: &dyn Harness) {
@@ -1852,6 +1880,9 @@ macro_rules! __conformance_checks {
                 }
                 cancel_before_completion {
                     holds: |h, p| $crate::conformance::cancel_before_completion(h);
+                }
+                a_cancelled_transfer_keeps_its_memory_until_it_drained {
+                    holds: |h, p| $crate::conformance::a_cancelled_transfer_keeps_its_memory_until_it_drained(h);
                 }
                 injected_failure_errors_the_operation_and_moves_nothing {
                     holds: |h, p| $crate::conformance::injected_failure_errors_the_operation_and_moves_nothing(h);
