@@ -573,7 +573,7 @@ fn test(sh: &Shell, ws: &Workspace, long: bool, chosen: &[String]) -> Result<(),
     // once), the package installed with pip as a user installs it, then its
     // pytest suite (both backends, interop with the real Dynamo module).
     steps.time("python: wheel, pytest on 3.10-3.13", |sh| {
-        python::test(sh, root)
+        python::test(sh, root, long)
     });
 
     let steps = steps.done;

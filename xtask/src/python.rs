@@ -354,23 +354,27 @@ fn test_env(venv: &Venv) -> Vec<(&'static str, String)> {
     env
 }
 
-/// Runs the package's pytest suite (`crates/nixl-connect-py/tests`).
-fn pytest(sh: &Shell, root: &Path, venv: &Venv) -> bool {
+/// Runs the package's pytest suite (`crates/nixl-connect-py/tests`);
+/// `long` (`--long`) sets `RELIABILITY_LONG=1`, as for the cargo tests.
+fn pytest(sh: &Shell, root: &Path, venv: &Venv, long: bool) -> bool {
     let python = &venv.python;
     let tests = root.join(PACKAGE_DIR).join("tests");
-    run(
-        cmd!(sh, "{python} -m pytest -q -p no:cacheprovider {tests}")
-            .env_remove("NIXL_TESTS_REQUIRED")
-            .envs(test_env(venv))
-            .env_remove("VIRTUAL_ENV")
-            .env_remove("NIXL_RUNTIME_DIR")
-            .env_remove("NIXL_CAPI_LIB"),
-    )
+    let mut pytest = cmd!(sh, "{python} -m pytest -q -p no:cacheprovider {tests}")
+        .env_remove("NIXL_TESTS_REQUIRED")
+        .envs(test_env(venv))
+        .env_remove("VIRTUAL_ENV")
+        .env_remove("NIXL_RUNTIME_DIR")
+        .env_remove("NIXL_CAPI_LIB");
+    if long {
+        pytest = pytest.env("RELIABILITY_LONG", "1");
+    }
+    run(pytest)
 }
 
 /// The `cargo xtask test` step: the wheel, built once, then pytest in the
-/// virtualenv of every interpreter (one missing here is named and skipped).
-pub(crate) fn test(sh: &Shell, root: &Path) -> bool {
+/// virtualenv of every interpreter (one missing here is named and skipped);
+/// `long`: `cargo xtask test --long`.
+pub(crate) fn test(sh: &Shell, root: &Path, long: bool) -> bool {
     let wheel = match build_wheel(sh, root) {
         Ok(wheel) => wheel,
         Err(e) => {
@@ -390,7 +394,7 @@ pub(crate) fn test(sh: &Shell, root: &Path) -> bool {
                         "no NIXL runtime: NIXL tests skip"
                     }
                 );
-                ok &= pytest(sh, root, &venv);
+                ok &= pytest(sh, root, &venv, long);
             }
             Ok(None) => eprintln!(
                 "xtask test (python {minor}): skipped: no ~/.pyenv/versions/{minor}.*/bin/python3 and python3 is another version"

@@ -14,9 +14,30 @@
 //! handlers are user code. It is queued (at most [`QUEUE`] records; past
 //! that, records are counted and the count is logged with the next one) and a
 //! thread of this module takes the GIL and calls the logger.
+//!
+//! # At interpreter exit
+//!
+//! That thread is the only native thread of the package that enters the
+//! interpreter (the asyncio wake-ups write an eventfd, without the GIL, and
+//! every other native thread only drops Python references, which PyO3
+//! defers to a thread holding the GIL). It must never do so once
+//! finalization can have begun: `Python::try_attach` cannot tell (it checks
+//! before `PyGILState_Ensure` takes the GIL, and finalization may begin in
+//! between), and CPython 3.11/3.12 then end the thread with `pthread_exit`,
+//! a forced unwind through Rust frames (a crash), while 3.14 hangs it. So
+//! the package's `atexit` hook, which runs before finalization begins, calls
+//! [`close`]: it waits (without the GIL) for the records queued so far to be
+//! delivered, marks the module closed, and waits for the thread to leave the
+//! interpreter if it was entering it. From then on the thread never
+//! attaches again: the records of the rest of the exit (operations and
+//! connectors torn down while the interpreter finalizes) are written to
+//! stderr by the thread that emits them, if the logger had a handler that
+//! shows records (one that is not a `NullHandler`), and are not built
+//! otherwise, as that configuration would have dropped them.
 
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::io::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Mutex, Once, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
@@ -40,6 +61,21 @@ static QUEUE_TX: OnceLock<SyncSender<Line>> = OnceLock::new();
 static LOGGER: OnceLock<Py<PyAny>> = OnceLock::new();
 static LAST_REFRESH: Mutex<Option<Instant>> = Mutex::new(None);
 static INSTALL: Once = Once::new();
+/// Set by [`close`]: nothing enters the interpreter any more.
+static CLOSED: AtomicBool = AtomicBool::new(false);
+/// Whether the forwarding thread is attached to the interpreter, or about
+/// to be: with [`CLOSED`], a Dekker pair (`SeqCst` on both sides) by which
+/// either the thread sees `CLOSED` or [`close`] sees it attaching and waits
+/// (no lock is held while the GIL is awaited).
+static ATTACHING: AtomicBool = AtomicBool::new(false);
+/// After [`close`]: records go to stderr rather than being dropped.
+static TO_STDERR: AtomicBool = AtomicBool::new(false);
+/// Records queued, and records the forwarding thread has handled.
+static QUEUED: AtomicU64 = AtomicU64::new(0);
+static HANDLED: AtomicU64 = AtomicU64::new(0);
+/// How long [`close`] waits for the records queued before it to reach the
+/// logger, at most (a logging handler that blocks must not stall the exit).
+const CLOSE_WAIT: Duration = Duration::from_secs(1);
 
 fn rank(level: &Level) -> u8 {
     match *level {
@@ -120,6 +156,15 @@ impl Subscriber for ToPython {
         let mut text = String::new();
         event.record(&mut Fields(&mut text));
         let _ = write!(text, " [{}]", metadata.target());
+        if CLOSED.load(Ordering::SeqCst) {
+            // Written by this thread, in order (it holds no lock of the core:
+            // a subscriber is never called under one).
+            after_close(&Line {
+                rank: rank(metadata.level()),
+                text,
+            });
+            return;
+        }
         let dropped = DROPPED.swap(0, Ordering::Relaxed);
         if dropped > 0 {
             let _ = write!(
@@ -134,8 +179,14 @@ impl Subscriber for ToPython {
             rank: rank(metadata.level()),
             text,
         };
-        if let Err(TrySendError::Full(_)) = queue.try_send(line) {
-            DROPPED.fetch_add(dropped + 1, Ordering::Relaxed);
+        match queue.try_send(line) {
+            Ok(()) => {
+                QUEUED.fetch_add(1, Ordering::Release);
+            }
+            Err(TrySendError::Full(_)) => {
+                DROPPED.fetch_add(dropped + 1, Ordering::Relaxed);
+            }
+            Err(TrySendError::Disconnected(_)) => {}
         }
     }
 
@@ -144,23 +195,93 @@ impl Subscriber for ToPython {
     fn exit(&self, _: &Id) {}
 }
 
-/// Hands queued records to the logger, with the GIL, until the interpreter
-/// shuts down.
+/// Hands queued records to the logger, with the GIL, until [`close`]; after
+/// it, to stderr or nowhere (see the module docs), never to Python.
 fn forward(queue: Receiver<Line>) {
     while let Ok(line) = queue.recv() {
-        let delivered = Python::try_attach(|py| {
-            if let Some(logger) = LOGGER.get() {
-                // A handler's exception is Python's to report, not ours.
-                if let Err(e) = logger.call_method1(py, "log", (python_level(line.rank), line.text))
-                {
-                    e.print(py);
+        ATTACHING.store(true, Ordering::SeqCst);
+        let line = if CLOSED.load(Ordering::SeqCst) {
+            Some(line)
+        } else {
+            // `None`: the interpreter is not initialized (any more).
+            Python::try_attach(|py| {
+                if let Some(logger) = LOGGER.get() {
+                    // A handler's exception is Python's to report, not ours.
+                    if let Err(e) =
+                        logger.call_method1(py, "log", (python_level(line.rank), &line.text))
+                    {
+                        e.print(py);
+                    }
                 }
-            }
-        });
-        if delivered.is_none() {
-            return;
+            })
+            .is_none()
+            .then_some(line)
+        };
+        ATTACHING.store(false, Ordering::SeqCst);
+        if let Some(line) = line {
+            after_close(&line);
         }
+        HANDLED.fetch_add(1, Ordering::Release);
     }
+}
+
+/// A record that can no longer reach Python: to stderr if the logger showed
+/// records at [`close`], else dropped.
+fn after_close(line: &Line) {
+    if TO_STDERR.load(Ordering::Relaxed) {
+        let level = match line.rank {
+            1 => "ERROR",
+            2 => "WARNING",
+            3 => "INFO",
+            4 => "DEBUG",
+            _ => "TRACE",
+        };
+        // Nothing to do if stderr is closed.
+        let _ = writeln!(
+            std::io::stderr().lock(),
+            "nixl_connect (at exit) {level}: {}",
+            line.text
+        );
+    }
+}
+
+/// Stops the forwarding thread from entering the interpreter, for good:
+/// called by the package's `atexit` hook, before finalization begins (see the
+/// module docs). `to_stderr`: whether later records go to stderr (the logger
+/// has a handler that shows them) or are dropped. Waits, without the GIL, for
+/// the records queued so far to be delivered (at most [`CLOSE_WAIT`]), then
+/// for the thread to leave the interpreter if it was entering it.
+pub(crate) fn close(py: Python<'_>, to_stderr: bool) {
+    // Without the GIL: the thread may be waiting for it. Waiting for it to
+    // leave the interpreter has no bound (as a handler that blocks would
+    // block any logging call): given up early, finalization could begin
+    // while it is attached.
+    py.detach(|| {
+        let queued = QUEUED.load(Ordering::Acquire);
+        let started = Instant::now();
+        while HANDLED.load(Ordering::Acquire) < queued && started.elapsed() < CLOSE_WAIT {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        TO_STDERR.store(to_stderr, Ordering::Relaxed);
+        CLOSED.store(true, Ordering::SeqCst);
+        // The thread attaching now saw `CLOSED` false: it gets the GIL
+        // (released here), delivers its record and detaches. Any later one
+        // sees `CLOSED`.
+        while ATTACHING.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    });
+    if !to_stderr {
+        // Dropped anyway: not even built from now on.
+        ENABLED.store(0, Ordering::Relaxed);
+    }
+}
+
+/// The package's `atexit` hook's half in the native module: see [`close`].
+#[pyfunction]
+#[pyo3(name = "close_at_exit")]
+pub(crate) fn close_at_exit(py: Python<'_>, to_stderr: bool) {
+    close(py, to_stderr);
 }
 
 /// Installs the subscriber and reads the logger's level (once per process;
@@ -198,6 +319,10 @@ pub(crate) fn refresh(py: Python<'_>) -> PyResult<()> {
     let Some(logger) = LOGGER.get() else {
         return Ok(());
     };
+    if CLOSED.load(Ordering::SeqCst) && !TO_STDERR.load(Ordering::Relaxed) {
+        // Records would be dropped: keep building none.
+        return Ok(());
+    }
     let logger = logger.bind(py);
     let mut enabled = 0;
     for rank in (1..=5).rev() {
