@@ -123,6 +123,10 @@ impl Descriptor {
     /// `ptr..ptr + size` must be one region on `device`, valid for reads and writes
     /// until the descriptor and everything it is moved into are dropped, and
     /// nothing else may access that memory while an operation holds the descriptor.
+    /// A cancelled operation holds it until its transfer drained (a backend
+    /// that cannot abort, NIXL, keeps writing until then): describing the
+    /// same memory again for another operation before the first one's
+    /// `wait_released` returned true breaks this contract.
     pub unsafe fn from_raw_parts(
         ptr: *mut u8,
         size: usize,
