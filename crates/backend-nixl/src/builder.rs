@@ -172,10 +172,13 @@ impl NixlBackendBuilder {
         self
     }
 
-    /// Sets NIXL's log level for the whole process when the agent is built (see
-    /// [`runtime::set_log_level`]); `LogLevel::Off` silences the `E...` lines
-    /// NIXL prints for refused requests, whose reasons this crate's errors
-    /// already carry. Default: NIXL's own (`NIXL_LOG_LEVEL`, or INFO).
+    /// Sets the native layer's log level for the whole process when the agent
+    /// is built (see [`runtime::set_log_level`]): NIXL's and UCX's;
+    /// `LogLevel::Off` silences the `E...` lines NIXL prints for refused
+    /// requests, whose reasons this crate's errors already carry, and UCX's
+    /// `UCX  ERROR` lines. Default: NIXL's own (`NIXL_LOG_LEVEL`, or INFO) and
+    /// UCX's (`UCX_LOG_LEVEL`, or warn). Either way UCX's lines go to stderr
+    /// unless `UCX_LOG_FILE` says otherwise ([`runtime::LogLevel`]).
     pub fn log_level(mut self, level: runtime::LogLevel) -> Self {
         self.log_level = Some(level);
         self
@@ -209,10 +212,12 @@ impl NixlBackendBuilder {
                 ),
             });
         }
-        runtime::load()?;
+        // The level first: set before the runtime's first load, it reaches
+        // UCX through its environment, from its start (see `LogLevel`).
         if let Some(level) = self.log_level {
             runtime::set_log_level(level)?;
         }
+        runtime::load()?;
         let serving = self.agent(&self.name, self.progress_thread, &plugins)?;
         // With NIXL's thread serving peers, this connector's own transfers go
         // through a second agent without one (see `crate::agents`).
@@ -221,6 +226,9 @@ impl NixlBackendBuilder {
         } else {
             None
         };
+        // A level set after the runtime was loaded but before UCX was (by
+        // the first agent) reaches UCX now.
+        runtime::apply_ucx_log_level();
         let agents = Agents::new(serving, initiator, self.notifications);
         tracing::debug!(agent = %self.name, two_agents = agents.two(), notifications = ?agents.notifications, ?plugins, scope = ?self.scope, "created NIXL agents");
         Ok(NixlBackend {

@@ -25,15 +25,24 @@ pub enum MetadataScope {
 }
 
 impl NixlBackend {
+    /// This agent's full metadata as NIXL serializes it (`getLocalMD`: its
+    /// connection info and every region registered with it), whatever the
+    /// [`MetadataScope`]: what a peer loads to reach it, and what Dynamo's
+    /// `Connection.metadata` returns (`nixl_agent.get_agent_metadata()`).
+    /// With NIXL's progress thread on, the serving agent's (the one peers
+    /// reach).
+    pub fn agent_metadata(&self) -> Result<Vec<u8>> {
+        self.live
+            .agents
+            .serving
+            .get_local_md()
+            .map_err(|e| nixl_error("get agent metadata", e))
+    }
+
     /// The blob an exposure of `segments` publishes, in this backend's scope.
     pub(crate) fn exposure_md(&self, segments: &[Segment]) -> Result<Vec<u8>> {
         match self.scope {
-            MetadataScope::Agent => self
-                .live
-                .agents
-                .serving
-                .get_local_md()
-                .map_err(|e| nixl_error("get agent metadata", e)),
+            MetadataScope::Agent => self.agent_metadata(),
             MetadataScope::Exposed if segments.is_empty() => self.connection_md(),
             MetadataScope::Exposed => self.scoped_md(segments),
         }
