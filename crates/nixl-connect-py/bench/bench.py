@@ -34,6 +34,17 @@ through pydantic alone (`"py-nixl-connect-pydantic"`: the models' own
 path and still does for what that path leaves to pydantic).
 `--metadata-only` measures only these.
 
+Peer-failure detection rows (`"backend": "py-nixl-connect-xproc-pfd"` and
+`"py-nixl-connect-xproc-no-pfd"`): ours between two processes (a passive and
+an active worker each), one pair with UCX's peer-failure detection on (the
+default) and one with it off (`NIXL_CONNECT_PEER_FAILURE_DETECTION=0` in
+both), interleaved a batch at a time, 4 KiB READs. `"op": "read"` is the
+active side's `begin_read` to its `wait_for_completion()` returning;
+`"read-passive-done"` is the same `begin_read` to the passive side's
+`wait_for_completion()` returning in the other process (the notification's
+trip; both ends read the same monotonic clock). `--pfd-only` measures only
+these and merges only them into the report.
+
 Rows go into `report.json` (`--report`, merged: earlier `py-*` rows replaced)
 with `"backend": "py-nixl-connect"`, `"py-dynamo"` and `"py-rust-api"`; a
 Markdown table and the targets are printed.
@@ -640,10 +651,163 @@ def pooled_table(rows: list) -> str:
     ])
 
 
+# Peer-failure detection rows: ours across two processes, on and off.
+
+PFD_BACKENDS = {True: "py-nixl-connect-xproc-pfd", False: "py-nixl-connect-xproc-no-pfd"}
+PFD_SIZE = 4 * KIB
+PFD_WARM_UP = 20
+
+
+def xproc_worker(role: str) -> None:
+    """One side of a cross-process READ, commanded line by line; the
+    passive side keeps serving its peer while it waits for the next line."""
+    import numpy as np
+
+    import nixl_connect
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        connector = nixl_connect.Connector()
+        buffers: dict = {}
+        pending: "asyncio.Task | None" = None
+
+        def buffer(size: int):
+            if size not in buffers:
+                data = (np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
+                        if role == "passive" else np.zeros(size, dtype=np.uint8))
+                buffers[size] = (data, nixl_connect.Descriptor((data, "cpu")))
+            return buffers[size]
+
+        async def finished(op) -> float:
+            with op:
+                await op.wait_for_completion()
+            return time.perf_counter()
+
+        while True:
+            line = await loop.run_in_executor(None, sys.stdin.readline)
+            if not line:
+                return
+            command = json.loads(line)
+            if command["kind"] == "expose":
+                readable = await connector.create_readable(buffer(command["size"])[1])
+                reply = {"metadata": readable.metadata().model_dump_json()}
+                pending = asyncio.ensure_future(finished(readable))
+            elif command["kind"] == "result":
+                assert pending is not None
+                reply = {"done_at": await pending}
+                pending = None
+            else:  # "read"
+                data, descriptor = buffer(command["size"])
+                metadata = nixl_connect.RdmaMetadata.model_validate_json(command["metadata"])
+                started = time.perf_counter()
+                read = await connector.begin_read(metadata, descriptor)
+                with read:
+                    await read.wait_for_completion()
+                done = time.perf_counter()
+                reply = {"started": started, "done": done,
+                         "digest": hashlib.sha256(data.tobytes()).hexdigest()}
+            sys.stdout.write(MARK + json.dumps(reply) + "\n")
+            sys.stdout.flush()
+
+    asyncio.run(main())
+
+
+class XprocPeer(Peer):
+    """A cross-process worker of ours with peer-failure detection on or off."""
+
+    def __init__(self, role: str, detect: bool) -> None:
+        env = dict(os.environ)
+        env.pop("NIXL_CONNECT_BACKEND", None)
+        env.pop("PYTHONPATH", None)
+        env["NIXL_CONNECT_PEER_FAILURE_DETECTION"] = "1" if detect else "0"
+        self.impl = f"{role}-{'pfd' if detect else 'no-pfd'}"
+        self.others = []
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, "--xproc-worker", role],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+        )
+
+    def ask(self, **command) -> dict:
+        # Both sides of a pair run at once (no pausing).
+        assert self.process.stdin and self.process.stdout
+        self.process.stdin.write(json.dumps(command) + "\n")
+        self.process.stdin.flush()
+        for line in self.process.stdout:
+            if line.startswith(MARK):
+                return json.loads(line[len(MARK):])
+        raise RuntimeError(f"{self.impl} worker exited ({self.process.wait()})")
+
+
+def measure_pfd(quick: bool) -> list:
+    """READ latency and the passive side's completion, with UCX's
+    peer-failure detection on and off, two processes per pair, interleaved."""
+    total, batch = (100, 20) if quick else (400, 20)
+    pairs = {detect: (XprocPeer("passive", detect), XprocPeer("active", detect))
+             for detect in (True, False)}
+    samples = {(detect, op): [] for detect in pairs for op in ("read", "read-passive-done")}
+    expected = None
+
+    def once(detect: bool):
+        passive, active = pairs[detect]
+        metadata = passive.ask(kind="expose", size=PFD_SIZE)["metadata"]
+        read = active.ask(kind="read", size=PFD_SIZE, metadata=metadata)
+        done_at = passive.ask(kind="result")["done_at"]
+        return read, done_at
+
+    try:
+        for detect in pairs:
+            for _ in range(PFD_WARM_UP):
+                read, _ = once(detect)
+            if expected is None:
+                expected = read["digest"]
+            if read["digest"] != expected:
+                raise RuntimeError("the peer-failure detection pairs moved different bytes")
+        for _ in range(total // batch):
+            for detect in pairs:
+                for _ in range(batch):
+                    read, done_at = once(detect)
+                    samples[(detect, "read")].append(read["done"] - read["started"])
+                    samples[(detect, "read-passive-done")].append(done_at - read["started"])
+                if read["digest"] != expected:
+                    raise RuntimeError("a peer-failure detection READ moved wrong bytes")
+    finally:
+        for pair in pairs.values():
+            for peer in pair:
+                peer.close()
+    rows = []
+    for (detect, op), s in samples.items():
+        s.sort()
+        p50 = percentile(s, 0.5)
+        rows.append({
+            "backend": PFD_BACKENDS[detect], "op": op, "block_bytes": PFD_SIZE, "blocks": 1,
+            "gbps": PFD_SIZE / p50 / 1e9, "p50_us": p50 * 1e6,
+            "p99_us": percentile(s, 0.99) * 1e6, "iterations": len(s),
+        })
+    print(f"bench --python: peer-failure detection on/off, 4 KiB READs across processes "
+          f"done ({total} iterations each)", file=sys.stderr)
+    return rows
+
+
+def pfd_table(rows: list) -> str:
+    lines = ["| 4 KiB READ, two processes | detection on p50 (p99) | off p50 (p99) | on / off |",
+             "|---|---|---|---|"]
+    for op, what in (("read", "active side: begin_read to its wait"),
+                     ("read-passive-done", "begin_read to the passive side's wait")):
+        on, off = find(rows, PFD_BACKENDS[True], op, PFD_SIZE), find(rows, PFD_BACKENDS[False], op, PFD_SIZE)
+        if on is None or off is None:
+            continue
+        lines.append(f"| {what} | {on['p50_us']:.0f} µs ({on['p99_us']:.0f}) | "
+                     f"{off['p50_us']:.0f} µs ({off['p99_us']:.0f}) | {on['p50_us'] / off['p50_us']:.2f}x |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", choices=sorted({w for w, _ in VARIANTS}))
     parser.add_argument("--pooled-worker", choices=["ours", "dynamo"])
+    parser.add_argument("--xproc-worker", choices=["passive", "active"])
+    parser.add_argument("--pfd-only", action="store_true",
+                        help="only the peer-failure detection rows (ours, across processes)")
     parser.add_argument("--report", type=Path, default=Path("target/bench/report.json"))
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--metadata-only", action="store_true",
@@ -655,12 +819,27 @@ def main() -> int:
     if args.pooled_worker:
         pooled_worker(args.pooled_worker)
         return 0
+    if args.xproc_worker:
+        xproc_worker(args.xproc_worker)
+        return 0
+    if args.pfd_only:
+        rows = measure_pfd(args.quick)
+        report = json.loads(args.report.read_text()) if args.report.is_file() else {}
+        report["results"] = [r for r in report.get("results", [])
+                             if r.get("backend") not in PFD_BACKENDS.values()] + rows
+        args.report.parent.mkdir(parents=True, exist_ok=True)
+        args.report.write_text(json.dumps(report, indent=2))
+        print("\n== peer-failure detection (ours, NIXL, two processes), 4 KiB READs ==")
+        print(pfd_table(rows))
+        print(f"\nwrote {args.report}")
+        return 0
     for var in ("NIXL_CONNECT_DYNAMO_SRC", "NIXL_CONNECT_TORCH_STUB"):
         if not os.environ.get(var):
             print(f"bench.py: {var} is not set (cargo xtask bench --python sets it)", file=sys.stderr)
             return 2
     rows = measure(args.quick, args.metadata_only)
     pooled_rows = [] if args.metadata_only else measure_pooled(args.quick)
+    pfd_rows = [] if args.metadata_only else measure_pfd(args.quick)
     report = {}
     if args.report.is_file():
         report = json.loads(args.report.read_text())
@@ -671,7 +850,7 @@ def main() -> int:
         return python and (not args.metadata_only or str(row.get("op", "")).startswith("metadata-"))
 
     results = [r for r in report.get("results", []) if not replaced(r)]
-    report["results"] = results + rows + pooled_rows
+    report["results"] = results + rows + pooled_rows + pfd_rows
     if args.metadata_only:
         kept = [t for t in report.get("python_targets", []) if not t["target"].startswith("metadata ")]
         report["python_targets"] = metadata_target(rows) + kept
@@ -684,6 +863,8 @@ def main() -> int:
         print(table(rows))
         print("\n== pooled prefix read (Dynamo 1.6's multimodal transfer), awaited, p50 ==")
         print(pooled_table(pooled_rows))
+        print("\n== peer-failure detection (ours, NIXL, two processes), 4 KiB READs ==")
+        print(pfd_table(pfd_rows))
     print("\n== RdmaMetadata: nixl_connect vs dynamo.nixl_connect 1.6.1, p50 ==")
     print(metadata_table(rows))
     for t in report["python_targets"]:
