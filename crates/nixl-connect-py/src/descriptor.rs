@@ -359,28 +359,34 @@ impl PyDescriptor {
     }
 
     /// Whether the memory is registered with a connector (an operation
-    /// holding it has registered it).
+    /// holding it has registered it). Asks the operation holding the memory
+    /// to hand it back first: `RuntimeError` in a forked child (see `fork`),
+    /// which must not settle its parent's operation.
     #[getter]
-    fn is_registered(&self) -> bool {
+    fn is_registered(&self) -> PyResult<bool> {
+        fork::check()?;
         if let Some(part) = &self.part {
-            return part.memory.get().registered();
+            return Ok(part.memory.get().registered());
         }
         self.settle_loan();
-        match &*self.lock() {
+        Ok(match &*self.lock() {
             Slot::Idle { descriptor, .. } => descriptor.is_registered(),
             Slot::Lent { alive, .. } => alive.strong_count() > 0,
-        }
+        })
     }
 
-    /// Whether an operation holds the memory now.
+    /// Whether an operation holds the memory now (asking it to hand the
+    /// memory back first): `RuntimeError` in a forked child, as
+    /// `is_registered`.
     #[getter]
-    fn in_use(&self) -> bool {
+    fn in_use(&self) -> PyResult<bool> {
+        fork::check()?;
         self.settle_loan();
         let mut slot = self.lock();
-        match &self.part {
+        Ok(match &self.part {
             Some(part) => part.memory.get().registered() && !self.recarve(part, &mut slot),
             None => matches!(&*slot, Slot::Lent { alive, .. } if alive.strong_count() > 0),
-        }
+        })
     }
 
     /// Registers the memory with `connector` (nothing if already registered

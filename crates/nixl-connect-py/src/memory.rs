@@ -20,14 +20,16 @@
 //! What pins what (the package README repeats it for users) is each
 //! constructor's `keep_alive`.
 
-use std::ffi::c_void;
+use std::ffi::{c_int, c_uint, c_void};
 use std::sync::Arc;
 
 use descriptor_core::{Device, DeviceKind, MemoryBuffer};
 
 use crate::export::{Exported, Pin, export};
 use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::ffi;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyByteArray, PyBytes, PyCapsule, PyDict, PyString, PyTuple};
 
 /// Dynamo's message for a `data` argument of the wrong type.
@@ -192,8 +194,21 @@ fn is_device_like(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
     Ok(obj.is_instance_of::<PyString>() || (obj.hasattr("kind")? && obj.hasattr("id")?))
 }
 
-/// Reads the memory a Python object describes.
+/// Reads the memory a Python object describes: `ValueError` for a region
+/// that wraps the address space or is longer than any memory can be
+/// (`isize::MAX` bytes), whatever integers the object gave.
 pub(crate) fn source_of(data: &Bound<'_, PyAny>) -> PyResult<Source> {
+    let source = read_source(data)?;
+    if source.ptr.checked_add(source.size).is_none() || isize::try_from(source.size).is_err() {
+        return Err(value_error(format!(
+            "{} bytes at {:#x} do not fit in the address space",
+            source.size, source.ptr
+        )));
+    }
+    Ok(source)
+}
+
+fn read_source(data: &Bound<'_, PyAny>) -> PyResult<Source> {
     let py = data.py();
     if data.is_none() {
         return Err(value_error("Argument `data` cannot be `None`."));
@@ -669,4 +684,162 @@ fn from_dlpack(obj: &Bound<'_, PyAny>) -> PyResult<Source> {
         keep_alive,
         referent: obj.clone().unbind(),
     })
+}
+
+/// A flat window of bytes over memory a [`Source`] describes: a native
+/// object whose buffer export is `len` bytes at `buf`, one dimension, format
+/// `B`, and which keeps `owner` (the source's `keep_alive`) alive, so that a
+/// `memoryview` of it stays valid whatever the Python program drops. What a
+/// pool's parts are viewed through (`_data_ref`): the exporter's own shape
+/// and order (a Fortran-ordered array, an `np.matrix`) never come into it.
+#[repr(C)]
+struct WindowObject {
+    ob_base: ffi::PyObject,
+    buf: *mut c_void,
+    len: ffi::Py_ssize_t,
+    readonly: c_int,
+    /// A strong reference (null only in an instance made by `tp_alloc`
+    /// and not filled yet).
+    owner: *mut ffi::PyObject,
+}
+
+unsafe extern "C" {
+    /// CPython's `PyBuffer_FillInfo` (every version this module loads into
+    /// has it; the limited API declares it from 3.11), over an opaque
+    /// `Py_buffer *`: the view of a flat byte buffer, `obj` its exporter.
+    fn PyBuffer_FillInfo(
+        view: *mut c_void,
+        obj: *mut ffi::PyObject,
+        buf: *mut c_void,
+        len: ffi::Py_ssize_t,
+        readonly: c_int,
+        flags: c_int,
+    ) -> c_int;
+}
+
+/// `bf_getbuffer` of a window: its bytes, flat (a writable request of a
+/// read-only window raises `BufferError`, as `PyBuffer_FillInfo` does).
+unsafe extern "C" fn window_getbuffer(
+    obj: *mut ffi::PyObject,
+    view: *mut c_void,
+    flags: c_int,
+) -> c_int {
+    let window = obj.cast::<WindowObject>();
+    // SAFETY: `obj` is a window (this slot is only its type's); `view` is
+    // the caller's `Py_buffer`; the GIL is held (a buffer slot is called
+    // with it). `FillInfo` takes a new reference to `obj`, so the window,
+    // and with it `owner`, lives as long as the view.
+    unsafe {
+        PyBuffer_FillInfo(
+            view,
+            obj,
+            (*window).buf,
+            (*window).len,
+            (*window).readonly,
+            flags,
+        )
+    }
+}
+
+/// `tp_dealloc` of a window: lets go of its owner, frees the object, and
+/// drops the instance's reference to its (heap) type.
+unsafe extern "C" fn window_dealloc(obj: *mut ffi::PyObject) {
+    // SAFETY: called once, by CPython, with the GIL, for a window whose
+    // last reference went; its type is a heap type whose `tp_free` frees
+    // what its `tp_alloc` allocated; `owner` is a strong reference or null.
+    unsafe {
+        let window = obj.cast::<WindowObject>();
+        let owner = std::mem::replace(&mut (*window).owner, std::ptr::null_mut());
+        let ty = ffi::Py_TYPE(obj);
+        let free = ffi::PyType_GetSlot(ty, ffi::Py_tp_free);
+        if !free.is_null() {
+            let free = std::mem::transmute::<*mut c_void, ffi::freefunc>(free);
+            free(obj.cast());
+        }
+        ffi::Py_XDECREF(owner);
+        ffi::Py_DECREF(ty.cast());
+    }
+}
+
+/// The windows' type, made once (a heap type, not in the module: Python
+/// cannot make one, only receive `memoryview`s of them).
+fn window_type(py: Python<'_>) -> PyResult<&Bound<'_, pyo3::types::PyType>> {
+    static TYPE: PyOnceLock<Py<pyo3::types::PyType>> = PyOnceLock::new();
+    TYPE.get_or_try_init(py, || {
+        let mut slots = [
+            ffi::PyType_Slot {
+                slot: ffi::Py_bf_getbuffer,
+                pfunc: window_getbuffer as *mut c_void,
+            },
+            ffi::PyType_Slot {
+                slot: ffi::Py_tp_dealloc,
+                pfunc: window_dealloc as *mut c_void,
+            },
+            ffi::PyType_Slot {
+                slot: 0,
+                pfunc: std::ptr::null_mut(),
+            },
+        ];
+        let mut spec = ffi::PyType_Spec {
+            // A `'static` C string: the type keeps pointing to it.
+            name: c"nixl_connect._native.Window".as_ptr(),
+            basicsize: c_int::try_from(std::mem::size_of::<WindowObject>())
+                .map_err(|_| PyValueError::new_err("window object too large"))?,
+            itemsize: 0,
+            flags: c_uint::try_from(
+                ffi::Py_TPFLAGS_DEFAULT | ffi::Py_TPFLAGS_DISALLOW_INSTANTIATION,
+            )
+            .map_err(|_| PyValueError::new_err("type flags out of range"))?,
+            slots: slots.as_mut_ptr(),
+        };
+        // SAFETY: a valid spec (CPython copies the slots; the name is
+        // `'static`), buffer slots in specs are honoured from CPython 3.9 on,
+        // the GIL is held; a new reference or NULL with an exception set.
+        let ty = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyType_FromSpec(&mut spec)) }?;
+        Ok(ty.cast_into::<pyo3::types::PyType>()?.unbind())
+    })
+    .map(|ty| ty.bind(py))
+}
+
+/// A flat `memoryview` (format `B`) of the bytes `source` describes, for
+/// host memory only (`None` elsewhere): writable if the source is, valid
+/// for as long as the view lives (it keeps `source.keep_alive`).
+pub(crate) fn host_window<'py>(
+    py: Python<'py>,
+    source: &Source,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    if !source.device.is_host() {
+        return Ok(None);
+    }
+    let len = ffi::Py_ssize_t::try_from(source.size)
+        .map_err(|_| value_error(format!("{} bytes cannot be viewed", source.size)))?;
+    let ty = window_type(py)?;
+    // SAFETY: the window type's `tp_alloc` (PyType_GenericAlloc: a zeroed
+    // instance, the type's reference taken) with the GIL held; NULL with an
+    // exception set on failure.
+    let window = unsafe {
+        let alloc = ffi::PyType_GetSlot(ty.as_type_ptr(), ffi::Py_tp_alloc);
+        if alloc.is_null() {
+            return Err(PyValueError::new_err("the window type has no tp_alloc"));
+        }
+        let alloc = std::mem::transmute::<*mut c_void, ffi::allocfunc>(alloc);
+        Bound::from_owned_ptr_or_err(py, alloc(ty.as_type_ptr(), 0))?
+    };
+    let object = window.as_ptr().cast::<WindowObject>();
+    // SAFETY: a fresh, zeroed window that nothing else has seen yet; the
+    // owner reference moves into it (released by `window_dealloc`).
+    // `source`'s contract: `ptr..ptr + size` stays valid (writable if
+    // `writable`) while `keep_alive` lives.
+    unsafe {
+        (*object).buf = std::ptr::with_exposed_provenance_mut(source.ptr);
+        (*object).len = len;
+        (*object).readonly = c_int::from(!source.writable);
+        (*object).owner = source.keep_alive.clone_ref(py).into_ptr();
+    }
+    // SAFETY: `window` is a live exporter (the GIL is held); a new
+    // reference to a memoryview holding the window, or NULL with an
+    // exception set.
+    let view =
+        unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyMemoryView_FromObject(window.as_ptr())) }?;
+    Ok(Some(view))
 }

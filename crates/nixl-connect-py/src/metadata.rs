@@ -208,11 +208,12 @@ impl PyMetadata {
     /// order, every field set, no extra, no private attributes. No validator
     /// runs: the caller vouches that these are the two models, and that
     /// pydantic would have validated the metadata into these values.
+    /// Returned with the [`Snapshot`] of what it was built with.
     fn model<'py>(
         &self,
         cls: &Bound<'py, PyType>,
         descriptor_cls: &Bound<'py, PyType>,
-    ) -> PyResult<Bound<'py, PyAny>> {
+    ) -> PyResult<(Bound<'py, PyAny>, Snapshot)> {
         let py = cls.py();
         let _paused = GcPaused::new(py);
         let names = [
@@ -222,6 +223,7 @@ impl PyMetadata {
         ];
         let shells = Shells::new(descriptor_cls, &names)?;
         let mut items = Vec::with_capacity(self.inner.descriptors().len());
+        let mut held = Vec::with_capacity(self.inner.descriptors().len());
         // Blocks of one buffer share a device: one string for a run of them.
         let mut last: Option<(Device, Bound<'py, PyString>)> = None;
         let mut last_size: Option<(u64, Bound<'py, PyInt>)> = None;
@@ -243,11 +245,22 @@ impl PyMetadata {
                     int
                 }
             };
+            let ptr = d.ptr.into_pyobject(py)?.into_any();
             let dict = PyDict::new(py);
-            dict.set_item(names[0], device)?;
-            dict.set_item(names[1], d.ptr)?;
-            dict.set_item(names[2], size)?;
-            items.push(shells.build(dict)?);
+            dict.set_item(names[0], &device)?;
+            dict.set_item(names[1], &ptr)?;
+            dict.set_item(names[2], &size)?;
+            let item = shells.build(dict.clone())?;
+            held.push(HeldItem {
+                item: item.clone().unbind(),
+                dict: dict.into_any().unbind(),
+                values: [
+                    device.into_any().unbind(),
+                    ptr.unbind(),
+                    size.into_any().unbind(),
+                ],
+            });
+            items.push(item);
         }
         let fields = [
             intern!(py, "descriptors"),
@@ -255,12 +268,247 @@ impl PyMetadata {
             intern!(py, "notification_key"),
             intern!(py, "operation_kind"),
         ];
+        let values = [
+            PyList::new(py, items)?.into_any(),
+            PyString::new(py, self.encoded()).into_any(),
+            PyString::new(py, self.notification_key()).into_any(),
+            self.operation_kind().into_pyobject(py)?.into_any(),
+        ];
         let dict = PyDict::new(py);
-        dict.set_item(fields[0], PyList::new(py, items)?)?;
-        dict.set_item(fields[1], self.encoded())?;
-        dict.set_item(fields[2], self.notification_key())?;
-        dict.set_item(fields[3], self.operation_kind())?;
-        Shells::new(cls, &fields)?.build(dict)
+        for (name, value) in fields.iter().zip(&values) {
+            dict.set_item(name, value)?;
+        }
+        let model = Shells::new(cls, &fields)?.build(dict.clone())?;
+        let snapshot = Snapshot {
+            dict: dict.into_any().unbind(),
+            values: values.map(Bound::unbind),
+            item_type: descriptor_cls.clone().unbind(),
+            items: held,
+        };
+        Ok((model, snapshot))
+    }
+
+    /// The [`Snapshot`] of `model` (an `RdmaMetadata` pydantic built) as it
+    /// is now; `None` for a model whose fields are not where pydantic keeps
+    /// them (its twin is then never reused).
+    #[staticmethod]
+    fn snapshot(model: &Bound<'_, PyAny>) -> PyResult<Option<Snapshot>> {
+        Snapshot::of(model)
+    }
+}
+
+/// What a model held when its native twin was made (or parsed), by
+/// identity: its `__dict__`, the objects of its four fields, and for each
+/// descriptor its object, type, `__dict__` and the objects of its three
+/// fields. A frozen pydantic model can still be changed past its
+/// `__setattr__` (`object.__setattr__`, its `__dict__`, its list in place),
+/// and `holds` tells whether it was: a twin is used only while its model
+/// holds exactly what the twin was made from. Field values are immutable
+/// (`str`, `int`), and the snapshot keeps each alive, so one of them still
+/// in its place is the value the twin has. Holds the model's parts, never
+/// the model (whose weak reference retires the twin).
+#[pyclass(frozen, module = "nixl_connect._native", name = "Snapshot")]
+pub(crate) struct Snapshot {
+    dict: Py<PyAny>,
+    /// `descriptors` (a `list`), `nixl_metadata`, `notification_key`,
+    /// `operation_kind`.
+    values: [Py<PyAny>; 4],
+    /// The one type of every descriptor.
+    item_type: Py<PyType>,
+    items: Vec<HeldItem>,
+}
+
+/// A descriptor of a [`Snapshot`]: its object, `__dict__`, and `device`,
+/// `ptr` and `size` objects.
+struct HeldItem {
+    item: Py<PyAny>,
+    dict: Py<PyAny>,
+    values: [Py<PyAny>; 3],
+}
+
+/// `obj.__dict__` as `object` keeps it (no class attribute consulted), or
+/// `None`, with no exception left set.
+fn dict_of<'py>(obj: &Bound<'py, PyAny>) -> Option<Bound<'py, PyDict>> {
+    let py = obj.py();
+    // SAFETY: a live object, the GIL held; a new reference or NULL with an
+    // exception set, which is cleared.
+    let dict = unsafe {
+        Bound::from_owned_ptr_or_err(
+            py,
+            ffi::PyObject_GenericGetDict(obj.as_ptr(), std::ptr::null_mut()),
+        )
+    };
+    dict.ok()?.cast_into_exact::<PyDict>().ok()
+}
+
+/// The object `dict[name]` holds now, if any (no exception left set).
+fn field<'py>(dict: &Bound<'py, PyDict>, name: &Bound<'py, PyString>) -> Option<Bound<'py, PyAny>> {
+    dict.get_item(name).ok().flatten()
+}
+
+impl Snapshot {
+    fn of(model: &Bound<'_, PyAny>) -> PyResult<Option<Snapshot>> {
+        let py = model.py();
+        let fields = [
+            intern!(py, "descriptors"),
+            intern!(py, "nixl_metadata"),
+            intern!(py, "notification_key"),
+            intern!(py, "operation_kind"),
+        ];
+        let names = [
+            intern!(py, "device"),
+            intern!(py, "ptr"),
+            intern!(py, "size"),
+        ];
+        let Some(dict) = dict_of(model) else {
+            return Ok(None);
+        };
+        let mut values = Vec::with_capacity(4);
+        for name in fields {
+            let Some(value) = field(&dict, name) else {
+                return Ok(None);
+            };
+            values.push(value.unbind());
+        }
+        let Ok(values) = <[Py<PyAny>; 4]>::try_from(values) else {
+            return Ok(None);
+        };
+        let Ok(list) = values[0].bind(py).cast_exact::<PyList>() else {
+            return Ok(None);
+        };
+        let mut item_type = None;
+        let mut items = Vec::with_capacity(list.len());
+        for item in list.iter() {
+            let ty = item.get_type();
+            match &item_type {
+                None => item_type = Some(ty),
+                Some(first) if first.is(&ty) => {}
+                Some(_) => return Ok(None),
+            }
+            let Some(item_dict) = dict_of(&item) else {
+                return Ok(None);
+            };
+            let mut held = Vec::with_capacity(3);
+            for name in names {
+                let Some(value) = field(&item_dict, name) else {
+                    return Ok(None);
+                };
+                held.push(value.unbind());
+            }
+            let Ok(values) = <[Py<PyAny>; 3]>::try_from(held) else {
+                return Ok(None);
+            };
+            items.push(HeldItem {
+                item: item.unbind(),
+                dict: item_dict.into_any().unbind(),
+                values,
+            });
+        }
+        // Without descriptors no item is ever compared with it.
+        let item_type = item_type
+            .unwrap_or_else(|| py.get_type::<PyDict>())
+            .unbind();
+        Ok(Some(Snapshot {
+            dict: dict.into_any().unbind(),
+            values,
+            item_type,
+            items,
+        }))
+    }
+}
+
+#[pymethods]
+impl Snapshot {
+    /// Whether `model` holds exactly what it held when this was taken.
+    /// Identity checks only: per descriptor, a few pointer comparisons and
+    /// three dictionary lookups (it runs before every dump of a parsed model,
+    /// so it goes to the C API directly).
+    fn holds(&self, model: &Bound<'_, PyAny>) -> bool {
+        let py = model.py();
+        let fields = [
+            intern!(py, "descriptors"),
+            intern!(py, "nixl_metadata"),
+            intern!(py, "notification_key"),
+            intern!(py, "operation_kind"),
+        ];
+        let names = [
+            intern!(py, "device").as_ptr(),
+            intern!(py, "ptr").as_ptr(),
+            intern!(py, "size").as_ptr(),
+        ];
+        let dict = self.dict.as_ptr();
+        // SAFETY: the GIL is held (`model` is bound); every pointer is a live
+        // object: `model`, and the snapshot's own strong references (the
+        // dicts are exact `dict`s, the list an exact `list`). Borrowed
+        // results are compared, never kept.
+        unsafe {
+            if !dict_is(model.as_ptr(), dict)
+                || !fields
+                    .iter()
+                    .zip(&self.values)
+                    .all(|(name, value)| entry_is(dict, name.as_ptr(), value.as_ptr()))
+            {
+                return false;
+            }
+            let list = self.values[0].as_ptr();
+            if ffi::PyList_Size(list) != ffi::Py_ssize_t::try_from(self.items.len()).unwrap_or(-1) {
+                ffi::PyErr_Clear();
+                return false;
+            }
+            let item_type = self.item_type.as_ptr().cast::<ffi::PyTypeObject>();
+            self.items.iter().zip(0..).all(|(held, i)| {
+                let item = ffi::PyList_GetItem(list, i);
+                let item_dict = held.dict.as_ptr();
+                item == held.item.as_ptr()
+                    && ffi::Py_TYPE(item) == item_type
+                    && dict_is(item, item_dict)
+                    && names
+                        .iter()
+                        .zip(&held.values)
+                        .all(|(&name, value)| entry_is(item_dict, name, value.as_ptr()))
+            })
+        }
+    }
+}
+
+/// Whether `obj`'s `__dict__`, as `object` keeps it, is `dict`.
+///
+/// # Safety
+///
+/// The GIL is held; `obj` is a live object.
+unsafe fn dict_is(obj: *mut ffi::PyObject, dict: *mut ffi::PyObject) -> bool {
+    // SAFETY: the caller's; a new reference (dropped at once: only its
+    // address is compared) or NULL with an exception set, which is cleared.
+    unsafe {
+        let now = ffi::PyObject_GenericGetDict(obj, std::ptr::null_mut());
+        if now.is_null() {
+            ffi::PyErr_Clear();
+            return false;
+        }
+        ffi::Py_DECREF(now);
+        now == dict
+    }
+}
+
+/// Whether `dict[name]` is `value` (the same object).
+///
+/// # Safety
+///
+/// The GIL is held; `dict` is a live exact `dict`, `name` a live `str`.
+unsafe fn entry_is(
+    dict: *mut ffi::PyObject,
+    name: *mut ffi::PyObject,
+    value: *mut ffi::PyObject,
+) -> bool {
+    // SAFETY: the caller's; a borrowed reference, or NULL (missing, or an
+    // exception, cleared).
+    unsafe {
+        let now = ffi::PyDict_GetItemWithError(dict, name);
+        if now.is_null() {
+            ffi::PyErr_Clear();
+            return false;
+        }
+        now == value
     }
 }
 

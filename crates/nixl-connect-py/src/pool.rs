@@ -72,7 +72,12 @@ impl Claims {
     /// The lowest `n` unclaimed blocks of `block` bytes among the first
     /// `count`, or `None` if fewer are free. Claims are block-aligned in a
     /// block pool, so the free blocks are those in the gaps between claims.
+    /// `n` comes from Python: compared with the free count before anything
+    /// is allocated for it (any `n` past the free blocks is `None`).
     fn lowest_free_blocks(&self, block: usize, count: usize, n: usize) -> Option<Vec<usize>> {
+        if n > count.saturating_sub(self.bytes / block) {
+            return None;
+        }
         let mut found = Vec::with_capacity(n);
         let mut next = 0usize;
         let gaps = self
@@ -302,6 +307,13 @@ impl PyRegisteredMemory {
     #[getter]
     fn referent(&self, py: Python<'_>) -> Py<PyAny> {
         self.source.referent.clone_ref(py)
+    }
+
+    /// The memory as a flat `memoryview` of bytes (format `B`), for host
+    /// memory; `None` on a device. It keeps the memory valid while it lives,
+    /// and views the bytes in memory order whatever the object's shape.
+    fn window<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        crate::memory::host_window(py, &self.source)
     }
 
     /// Bytes per block; `None` for memory described at any offset.
