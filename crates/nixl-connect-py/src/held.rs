@@ -149,9 +149,3 @@ pub(crate) fn forget(start: usize, alive: &Weak<()>) {
     // The entry's weak handles are dropped after the lock.
     drop(removed);
 }
-
-/// Ranges recorded now (dead ones included until a search meets them).
-#[cfg(test)]
-pub(crate) fn recorded() -> usize {
-    written().ranges.len()
-}
