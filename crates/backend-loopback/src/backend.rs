@@ -334,7 +334,9 @@ impl RegistrationBackend for LoopbackBackend {
                 what: format!("{} memory (loopback moves host memory only)", region.device),
             });
         }
-        if region.end().is_none() || region.len == 0 || region.addr == 0 {
+        // An empty descriptor's region (len 0) is registered like any other:
+        // a peer's zero-length range must lie in one.
+        if region.end().is_none() || region.addr == 0 {
             return Err(Error::InvalidDescriptor(format!(
                 "{:#x}+{} is not a valid region",
                 region.addr, region.len

@@ -31,7 +31,10 @@ pub struct Segment {
     /// (`pointer::expose_provenance`), so an in-process backend may turn it back
     /// into a pointer with `std::ptr::with_exposed_provenance_mut`.
     pub addr: usize,
-    /// Length in bytes (never zero).
+    /// Length in bytes; zero for an empty descriptor's memory, which a
+    /// backend registers, exposes and moves like any other (a zero-length
+    /// transfer still notifies the peer; conformance
+    /// `empty_descriptors_move_like_any_other`).
     pub len: usize,
     /// The device holding the range.
     pub device: Device,

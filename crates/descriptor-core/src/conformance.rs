@@ -36,7 +36,9 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Wake, Waker};
 use std::time::Duration;
 
+mod empty;
 mod views;
+pub use empty::*;
 pub use views::*;
 
 use crate::faults::{Faults, Faulty, Stall};
@@ -1986,6 +1988,9 @@ macro_rules! __conformance_checks {
                 pool_to_pool_after_the_peer_is_unloaded_and_reloaded {
                     holds: |h, p| $crate::conformance::pool_to_pool_after_the_peer_is_unloaded_and_reloaded(h);
                 }
+                empty_descriptors_move_like_any_other {
+                    holds: |h, p| $crate::conformance::empty_descriptors_move_like_any_other(h);
+                }
             }
         }
     };
@@ -2111,6 +2116,7 @@ mod tests {
         [
             include_str!("conformance.rs"),
             include_str!("conformance/views.rs"),
+            include_str!("conformance/empty.rs"),
         ]
         .into_iter()
         .flat_map(|source| source.split("\npub fn ").skip(1))

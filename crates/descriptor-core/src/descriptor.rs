@@ -54,10 +54,11 @@ pub struct Descriptor {
     region: Arc<Region>,
     /// Where the view starts in the region.
     offset: usize,
-    /// The bytes the view owns; 0 only for a view being dissolved
-    /// ([`unsplit`](Self::unsplit)), whose drop gives nothing back.
+    /// The bytes the view owns; 0 only for the view of an empty buffer and
+    /// for a view being dissolved ([`unsplit`](Self::unsplit)); the drop of
+    /// either gives nothing back.
     capacity: usize,
-    /// The bytes a transfer moves: `0 < size <= capacity`.
+    /// The bytes a transfer moves: `size <= capacity`.
     size: usize,
 }
 
@@ -156,9 +157,11 @@ impl Descriptor {
         self.region.whole().device
     }
 
-    /// Bytes a transfer moves (never zero): the [`capacity`](Self::capacity)
-    /// unless [`set_size`](Self::set_size) made it less. Metadata publishes
-    /// it, and the pairing rules compare it.
+    /// Bytes a transfer moves: the [`capacity`](Self::capacity) unless
+    /// [`set_size`](Self::set_size) made it less. Metadata publishes it, and
+    /// the pairing rules compare it. Zero for an empty buffer (or a size set
+    /// to 0): such a descriptor pairs with a peer's of size 0, and the
+    /// transfer moves nothing for it, as Dynamo's does.
     pub fn size(&self) -> usize {
         self.size
     }
@@ -169,13 +172,13 @@ impl Descriptor {
     }
 
     /// Makes a transfer move the first `size` bytes of the view only (a
-    /// partial length); [`Error::InvalidDescriptor`] unless
-    /// `0 < size <= capacity()`. The bytes past it are neither sent nor
+    /// partial length; 0 moves nothing); [`Error::InvalidDescriptor`] unless
+    /// `size <= capacity()`. The bytes past it are neither sent nor
     /// overwritten, and stay the view's.
     pub fn set_size(&mut self, size: usize) -> Result<()> {
-        if size == 0 || size > self.capacity {
+        if size > self.capacity {
             return Err(Error::InvalidDescriptor(format!(
-                "size {size} is not within 1..={} (the view's capacity)",
+                "size {size} is not within 0..={} (the view's capacity)",
                 self.capacity
             )));
         }
@@ -409,15 +412,26 @@ mod tests {
     }
 
     #[test]
-    fn empty_buffers_are_refused() {
-        assert!(matches!(
-            Descriptor::new(Vec::<u8>::new()),
-            Err(Error::InvalidDescriptor(_))
-        ));
-        assert!(matches!(
-            Descriptor::from_bytes(Bytes::new()),
-            Err(Error::InvalidDescriptor(_))
-        ));
+    fn empty_buffers_describe_zero_bytes_and_come_back() {
+        let d = Descriptor::new(Vec::<u8>::new()).unwrap();
+        assert_eq!((d.size(), d.capacity()), (0, 0));
+        assert_ne!(d.ptr(), 0, "a published address is never null");
+        assert_eq!(d.as_slice(), Some(&[][..]));
+        assert_eq!((d.serialized().size, d.segment().len), (0, 0));
+        assert!(d.into_vec::<u8>().unwrap().is_empty());
+        let ro = Descriptor::from_bytes(Bytes::new()).unwrap();
+        assert_eq!((ro.size(), ro.is_writable()), (0, false));
+        let mut rw = Descriptor::new(BytesMut::new()).unwrap();
+        assert_eq!(rw.as_mut_slice(), Some(&mut [][..]));
+        // An empty view cannot be split, and keeps its size of 0.
+        assert!(rw.split_off(0).is_err());
+        rw.set_size(0).unwrap();
+        assert!(rw.set_size(1).is_err());
+        // A null address is refused, whatever the length (as Dynamo does).
+        // SAFETY: never dereferenced: refused before any use.
+        let null =
+            unsafe { Descriptor::from_raw_parts(std::ptr::null_mut(), 0, Device::HOST, None) };
+        assert!(matches!(null, Err(Error::InvalidDescriptor(m)) if m.contains("null")));
     }
 
     #[test]
@@ -538,11 +552,11 @@ mod tests {
     #[test]
     fn a_partial_length_limits_the_slice_and_the_metadata_not_the_view() {
         let mut d = Descriptor::new(vec![5u8; 100]).unwrap();
-        for bad in [0, 101] {
-            assert!(
-                matches!(d.set_size(bad), Err(Error::InvalidDescriptor(m)) if m.contains("1..=100"))
-            );
-        }
+        assert!(
+            matches!(d.set_size(101), Err(Error::InvalidDescriptor(m)) if m.contains("0..=100"))
+        );
+        d.set_size(0).unwrap();
+        assert_eq!((d.size(), d.as_slice().map(<[u8]>::len)), (0, Some(0)));
         d.set_size(10).unwrap();
         assert_eq!((d.size(), d.capacity()), (10, 100));
         assert_eq!(d.as_slice().unwrap().len(), 10);

@@ -64,7 +64,7 @@ pub struct SerializedDescriptor {
     pub device: Device,
     /// Address in the peer's address space; never zero.
     pub ptr: u64,
-    /// Size in bytes; never zero.
+    /// Size in bytes; zero for an empty descriptor (as Dynamo allows).
     pub size: u64,
 }
 
@@ -205,12 +205,6 @@ impl RdmaMetadata {
         for (i, d) in self.descriptors.iter().enumerate() {
             if d.ptr == 0 {
                 return Err(invalid(format!("descriptors[{i}].ptr"), "must not be zero"));
-            }
-            if d.size == 0 {
-                return Err(invalid(
-                    format!("descriptors[{i}].size"),
-                    "must not be zero",
-                ));
             }
             if d.ptr.checked_add(d.size).is_none() {
                 return Err(invalid(
@@ -579,6 +573,19 @@ mod tests {
     }
 
     #[test]
+    fn zero_sizes_are_accepted_and_round_trip_as_dynamo_publishes_them() {
+        // A Dynamo peer's empty tensor, beside a full one.
+        let json = json_with(
+            "descriptors",
+            r#"[{"device":"cpu","ptr":94131275291952,"size":0},{"device":"cpu","ptr":8,"size":16}]"#,
+        );
+        let parsed = RdmaMetadata::from_json(&json).unwrap();
+        let sizes: Vec<u64> = parsed.descriptors().iter().map(|d| d.size).collect();
+        assert_eq!(sizes, [0, 16]);
+        assert_eq!(parsed.to_json(), json);
+    }
+
+    #[test]
     fn json_has_dynamos_exact_shape() {
         let json = sample().to_json();
         assert!(
@@ -728,11 +735,6 @@ mod tests {
         "descriptors",
         r#"[{"device":"cpu","ptr":0,"size":8}]"#,
         "descriptors[0].ptr"
-    )]
-    #[case::zero_size(
-        "descriptors",
-        r#"[{"device":"cpu","ptr":8,"size":0}]"#,
-        "descriptors[0].size"
     )]
     #[case::wrapping_range(
         "descriptors",

@@ -244,9 +244,10 @@ impl Region {
         };
         let len = fresh.buffer.len();
         let ptr = fresh.buffer.base_ptr();
-        if len == 0 {
-            return Err(Error::InvalidDescriptor("the buffer is empty".into()));
-        }
+        // An empty buffer is a region of zero bytes, registered, exposed and
+        // moved like any other (as Dynamo does: a peer's zero-length
+        // descriptor must lie in a registration of ours); its address is
+        // still checked, as Dynamo refuses a null one.
         if ptr.is_null() {
             return Err(Error::InvalidDescriptor(
                 "the buffer's address is null".into(),
@@ -687,7 +688,11 @@ mod tests {
         let bytes = bytes::Bytes::from((0..=255u8).cycle().take(4096).collect::<Vec<u8>>());
         let alias = bytes.clone();
         let mut ro = crate::Descriptor::from_bytes(bytes).unwrap();
-        assert_eq!(ro.ptr(), alias.as_ptr() as usize, "unregistered: its own address");
+        assert_eq!(
+            ro.ptr(),
+            alias.as_ptr() as usize,
+            "unregistered: its own address"
+        );
         ro.register_memory(&c).unwrap();
         assert_ne!(ro.ptr(), alias.as_ptr() as usize, "registered: the copy's");
         let copy = ro.ptr() as *mut u8;
@@ -697,7 +702,11 @@ mod tests {
         assert_eq!(copied, alias.to_vec(), "the copy holds the bytes");
         // SAFETY: as above.
         unsafe { std::ptr::write_bytes(copy, 0xEE, 4096) };
-        assert_eq!(ro.as_slice().unwrap(), &alias[..], "the memory kept its bytes");
+        assert_eq!(
+            ro.as_slice().unwrap(),
+            &alias[..],
+            "the memory kept its bytes"
+        );
         assert!(alias.iter().zip((0..=255u8).cycle()).all(|(a, b)| *a == b));
         drop(ro);
         assert_eq!(backend.deregistered.load(Ordering::SeqCst), 1);

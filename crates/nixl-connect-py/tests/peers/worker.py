@@ -10,7 +10,8 @@ with the checksum of each of its buffers after the transfer (and, for ours,
 
 Roles: readable, writable (passive); read, write (active, which exit at
 once after printing, without closing their connector).
-Buffers: SIZES bytes each; a sender fills buffer i with pattern(seed, i).
+Buffers: SIZES bytes each (PEER_SIZES overrides them); a sender fills buffer
+i with pattern(seed, i).
 """
 
 import asyncio
@@ -26,7 +27,8 @@ if os.environ.get("PEER_IMPL") == "dynamo":
 else:
     import nixl_connect  # noqa: E402
 
-SIZES = [4096, 65536, 1 << 20]
+# PEER_SIZES (comma-separated) overrides them, e.g. with empty buffers.
+SIZES = [int(n) for n in os.environ.get("PEER_SIZES", "4096,65536,1048576").split(",")]
 
 
 def pattern(seed: int, index: int, size: int) -> np.ndarray:
