@@ -3,6 +3,7 @@
 
 use std::mem::ManuallyDrop;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use std::time::Duration;
 
@@ -12,6 +13,7 @@ use descriptor_core::faults::{Faults, Faulty};
 use descriptor_core::{Connector, Descriptor, Error, RegistrationBackend};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
 
 use crate::descriptor::PyDescriptor;
 use crate::error::to_py;
@@ -34,6 +36,16 @@ pub(crate) struct PyConnector {
     ucx_error_handling_mode: Option<String>,
     /// The backend's `RegistrationBackend::wait_assist`.
     wait_assist: Duration,
+    /// What `agent_metadata` reads.
+    agent: Agent,
+}
+
+/// The backend's agent, as `agent_metadata` reads it.
+enum Agent {
+    /// NIXL's metadata changes with every registration: asked each time.
+    Nixl(Arc<NixlBackend>),
+    /// Loopback's blob names the fabric and the agent only: made once.
+    Loopback(Vec<u8>),
 }
 
 impl Drop for PyConnector {
@@ -103,6 +115,11 @@ fn lend(
             }
         }
     }
+    if let Access::Written = access {
+        for d in descriptors {
+            d.get().record_written();
+        }
+    }
     Ok(taken)
 }
 
@@ -115,11 +132,6 @@ fn pairing_error(error: Error, local: usize) -> PyErr {
             local: l,
             remote: r,
             ..
-    if let Access::Written = access {
-        for d in descriptors {
-            d.get().record_written();
-        }
-    }
         } if local == 1 => PyValueError::new_err(format!(
             "Local and remote descriptors must be the same size. {l} != {r}."
         )),
@@ -151,12 +163,15 @@ impl PyConnector {
     /// `peer_failure_detection` is the agent's
     /// (`NixlBackendBuilder::peer_failure_detection`); loopback ignores it.
     #[new]
-    #[pyo3(signature = (name, backend, site_packages=Vec::new(), peer_failure_detection=true))]
+    ///
+    /// `site_packages` defaults to `nixl_connect._search_paths()`, as every
+    /// entry point that loads the runtime does (`crate::runtime::load`).
+    #[pyo3(signature = (name, backend, site_packages=None, peer_failure_detection=true))]
     fn new(
         py: Python<'_>,
         name: &str,
         backend: &str,
-        site_packages: Vec<PathBuf>,
+        site_packages: Option<Vec<PathBuf>>,
         peer_failure_detection: bool,
     ) -> PyResult<PyConnector> {
         fork::check()?;
@@ -165,18 +180,20 @@ impl PyConnector {
         let mut faults = None;
         let mut ucx_error_handling_mode = None;
         let wait_assist;
+        let agent;
         let inner = match backend {
             "loopback" => {
                 let backend = LoopbackBackend::new(&Fabric::global(), name).map_err(to_py)?;
+                agent = Agent::Loopback(backend.agent_metadata());
                 let backend = Faulty::new(backend);
                 faults = Some(backend.faults());
                 wait_assist = backend.wait_assist();
                 Connector::new(backend)
             }
             "nixl" => {
+                crate::runtime::load(py, site_packages)?;
                 let backend = py
                     .detach(|| {
-                        backend_nixl::runtime::load_preferring(&site_packages)?;
                         NixlBackend::builder(name)
                             .peer_failure_detection(peer_failure_detection)
                             .build()
@@ -189,7 +206,9 @@ impl PyConnector {
                     .flatten()
                     .find_map(|(key, value)| (key == "ucx_error_handling_mode").then_some(value));
                 wait_assist = backend.wait_assist();
-                Connector::new(backend)
+                let backend = Arc::new(backend);
+                agent = Agent::Nixl(Arc::clone(&backend));
+                Connector::from_arc(backend)
             }
             other => {
                 return Err(PyValueError::new_err(format!(
@@ -203,7 +222,35 @@ impl PyConnector {
             faults,
             ucx_error_handling_mode,
             wait_assist,
+            agent,
         })
+    }
+
+    /// The agent's metadata, what a peer loads to reach it: NIXL's full
+    /// serialized agent (`NixlBackend::agent_metadata`, as Dynamo's
+    /// `Connection.metadata` returns it), or loopback's blob.
+    fn agent_metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        fork::check()?;
+        let bytes = match &self.agent {
+            Agent::Nixl(backend) => py.detach(|| backend.agent_metadata()).map_err(to_py)?,
+            Agent::Loopback(blob) => blob.clone(),
+        };
+        Ok(PyBytes::new(py, &bytes))
+    }
+
+    /// Loads the peer `metadata` names and makes the connection to it now
+    /// (`Connector::warm_up`), GIL released.
+    fn warm_up(&self, py: Python<'_>, metadata: &PyMetadata) -> PyResult<()> {
+        fork::check()?;
+        let inner = self.inner();
+        py.detach(|| inner.warm_up(metadata.inner())).map_err(to_py)
+    }
+
+    /// Peers this connector has loaded, in use or kept idle
+    /// (`Connector::remote_agent_count` plus `idle_remote_agent_count`).
+    #[getter]
+    fn remote_agents(&self) -> usize {
+        self.inner.remote_agent_count() + self.inner.idle_remote_agent_count()
     }
 
     /// Seconds a thread blocked on an active operation polls its transfer
@@ -236,6 +283,17 @@ impl PyConnector {
         let delay = Duration::try_from_secs_f64(seconds)
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         self.faults()?.delay_next_transfer(delay);
+        Ok(())
+    }
+
+    /// Testing hook (loopback only): the next transfer this connector posts
+    /// stays in progress for `seconds`, then moves its bytes *even if it was
+    /// cancelled meanwhile* (a transfer NIXL cannot abort), and lets go of
+    /// the memory only after that.
+    fn _drain_next_transfer(&self, seconds: f64) -> PyResult<()> {
+        let delay = Duration::try_from_secs_f64(seconds)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        self.faults()?.drain_next_transfer(delay);
         Ok(())
     }
 
@@ -286,17 +344,6 @@ impl PyConnector {
     /// Exposes the descriptors' memory for one peer to WRITE.
     fn create_writable(
         slf: &Bound<'_, Self>,
-    /// Testing hook (loopback only): the next transfer this connector posts
-    /// stays in progress for `seconds`, then moves its bytes *even if it was
-    /// cancelled meanwhile* (a transfer NIXL cannot abort), and lets go of
-    /// the memory only after that.
-    fn _drain_next_transfer(&self, seconds: f64) -> PyResult<()> {
-        let delay = Duration::try_from_secs_f64(seconds)
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        self.faults()?.drain_next_transfer(delay);
-        Ok(())
-    }
-
         descriptors: Vec<Py<PyDescriptor>>,
     ) -> PyResult<PyOperation> {
         let py = slf.py();

@@ -42,34 +42,47 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<connector::PyConnector>()?;
     m.add_class::<descriptor::PyDescriptor>()?;
     m.add_class::<metadata::PyMetadata>()?;
+    m.add_class::<metadata::Snapshot>()?;
     m.add_class::<operation::PyOperation>()?;
     m.add_class::<pool::PyRegisteredMemory>()?;
     m.add_class::<notifier::Notifier>()?;
-    m.add("BACKENDS", connector::BACKENDS.to_vec())?;
     m.add("MemoryBusy", m.py().get_type::<held::MemoryBusy>())?;
+    m.add("BACKENDS", connector::BACKENDS.to_vec())?;
     m.add("TYPE_ERROR_MESSAGE", memory::TYPE_ERROR_MESSAGE)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("DEVICE_FORMS", device::DEVICE_FORMS)?;
     m.add_function(wrap_pyfunction!(device::parse_device, m)?)?;
     m.add_function(wrap_pyfunction!(set_nixl_log_level, m)?)?;
     m.add_function(wrap_pyfunction!(nixl_runtime, m)?)?;
+    m.add_function(wrap_pyfunction!(log::close_at_exit, m)?)?;
     Ok(())
 }
 
-/// Loads the NIXL runtime (looking first in `site_packages`) and returns the
-/// path of its `libnixl_capi.so`; `ImportError` listing every place looked
-/// in, and what to run, if there is none.
+/// Loads the NIXL runtime (looking first in `site_packages`, by default
+/// `nixl_connect._search_paths()`: `runtime::load`) and returns the path of
+/// its `libnixl_capi.so`; `ImportError` listing every place looked in, and
+/// what to run, if there is none.
 #[pyfunction]
-fn nixl_runtime(py: Python<'_>, site_packages: Vec<std::path::PathBuf>) -> PyResult<String> {
-    py.detach(|| backend_nixl::runtime::load_preferring(&site_packages))
-        .map(|path| path.display().to_string())
-        .map_err(error::to_py)
+#[pyo3(signature = (site_packages=None))]
+fn nixl_runtime(
+    py: Python<'_>,
+    site_packages: Option<Vec<std::path::PathBuf>>,
+) -> PyResult<String> {
+    runtime::load(py, site_packages).map(|path| path.display().to_string())
 }
 
-/// Sets NIXL's own log level for the process (`"info"`, `"warning"`,
-/// `"error"`, `"fatal"` or `"off"`), loading the NIXL runtime first.
+/// Sets the native layer's log level for the process (`"info"`,
+/// `"warning"`, `"error"`, `"fatal"` or `"off"`): NIXL's, and UCX's unless
+/// `UCX_LOG_LEVEL` is set (`backend_nixl::LogLevel`), loading the NIXL
+/// runtime first as a connector does (`runtime::load`, first in
+/// `site_packages`, by default `nixl_connect._search_paths()`).
 #[pyfunction]
-fn set_nixl_log_level(py: Python<'_>, level: &str) -> PyResult<()> {
+#[pyo3(signature = (level, site_packages=None))]
+fn set_nixl_log_level(
+    py: Python<'_>,
+    level: &str,
+    site_packages: Option<Vec<std::path::PathBuf>>,
+) -> PyResult<()> {
     use backend_nixl::LogLevel;
     let level = match level.to_ascii_lowercase().as_str() {
         "info" => LogLevel::Info,
@@ -83,6 +96,7 @@ fn set_nixl_log_level(py: Python<'_>, level: &str) -> PyResult<()> {
             )));
         }
     };
+    runtime::load(py, site_packages)?;
     py.detach(|| backend_nixl::runtime::set_log_level(level))
         .map_err(error::to_py)
 }

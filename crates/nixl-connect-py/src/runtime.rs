@@ -1,12 +1,43 @@
-//! The missing-runtime `ImportError` a Python user reads: the fix first, then
-//! each place searched once.
+//! Loading the NIXL runtime for Python, the same way from every entry point
+//! ([`load`]), and the missing-runtime `ImportError` a Python user reads: the
+//! fix first, then each place searched once.
 //!
 //! `backend_nixl::runtime` reports every candidate file it tried (three NIXL
 //! wheel folders per site-packages, the same site often reached twice: from
 //! this interpreter and from `python3`), which is what a Rust caller debugging
 //! the search wants; a Python user wants the command to run.
 
+use std::path::{Path, PathBuf};
+
 use backend_nixl::runtime::{ENV_DIR, PIP_PACKAGE};
+use pyo3::prelude::*;
+
+use crate::error;
+
+/// Loads the NIXL runtime (once per process) and returns its path: first in
+/// `site_packages`, then where `backend_nixl::runtime::load` looks.
+/// `site_packages` is what `nixl_connect._search_paths()` names (the running
+/// interpreter's `sys.path`, then its site-packages); given `None`, this asks
+/// that function itself, so that every entry point of the native module that
+/// loads the runtime (a NIXL connector, `set_nixl_log_level`, `nixl_runtime`)
+/// looks in the same places, whichever comes first. `ImportError` listing
+/// every place looked in, and what to run, if there is none.
+pub(crate) fn load(py: Python<'_>, site_packages: Option<Vec<PathBuf>>) -> PyResult<&'static Path> {
+    let site_packages = match site_packages {
+        Some(given) => given,
+        None => search_paths(py)?,
+    };
+    py.detach(|| backend_nixl::runtime::load_preferring(&site_packages))
+        .map_err(error::to_py)
+}
+
+/// `nixl_connect._search_paths()`.
+fn search_paths(py: Python<'_>) -> PyResult<Vec<PathBuf>> {
+    py.import("nixl_connect")?
+        .getattr("_search_paths")?
+        .call0()?
+        .extract()
+}
 
 /// The library the search looks for.
 const LIBRARY: &str = "libnixl_capi.so";

@@ -92,9 +92,15 @@ fn wait_released_waits_for_a_cancelled_transfer_to_drain() {
     let (local, freed) = backend.tracked(64);
     backend.script_releases(&[Script::Busy, Script::Busy, Script::Busy]);
     let read = c.begin_read(&remote(64), vec![local]).unwrap();
-    assert!(!read.wait_released(Duration::ZERO), "in flight: not released");
+    assert!(
+        !read.wait_released(Duration::ZERO),
+        "in flight: not released"
+    );
     read.cancel();
-    assert!(read.wait_released(Duration::from_secs(30)), "drained in time");
+    assert!(
+        read.wait_released(Duration::from_secs(30)),
+        "drained in time"
+    );
     assert!(backend.let_go());
     let back = read.into_descriptors().unwrap();
     drop(back);

@@ -22,8 +22,9 @@ Beyond Dynamo, without changing what Dynamo callers see:
   ``Descriptor._data_size``; both work);
 - ``Connector(peer_failure_detection=False)``
   (``NIXL_CONNECT_PEER_FAILURE_DETECTION=0``): UCX without peer-failure
-  detection, several times faster for small transfers on a host without RDMA
-  devices (see `Connector`).
+  detection (see `Connector`; what it changes, measured: the package README);
+- ``await Connector.warm_up()``: the agent made, and the NIXL runtime loaded,
+  at start-up instead of at the first operation.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ import atexit
 import base64
 import inspect
 import logging
-import operator
 import os
 import socket
 import sys
@@ -234,12 +234,15 @@ def _is_torch_device(value: Any) -> bool:
 
 
 def set_nixl_log_level(level: str) -> None:
-    """Sets NIXL's own log level for the process: ``"info"`` (NIXL's default),
-    ``"warning"``, ``"error"``, ``"fatal"`` or ``"off"``. Beyond Dynamo; loads
-    the NIXL runtime (``ImportError`` without one). NIXL writes its lines to
-    stderr itself; this library's own records go to the ``nixl_connect``
-    logger."""
-    _native.set_nixl_log_level(level)
+    """Sets the native layer's log level for the process: ``"info"`` (NIXL's
+    default), ``"warning"``, ``"error"``, ``"fatal"`` or ``"off"``; NIXL's, and
+    UCX's unless ``UCX_LOG_LEVEL`` is set (``"off"`` leaves UCX only the lines it
+    prints before it aborts the process). Beyond Dynamo; loads the NIXL runtime
+    as a NIXL connector does, from the same places (``ImportError`` without
+    one). NIXL and UCX write their lines to stderr (UCX's unless
+    ``UCX_LOG_FILE`` says otherwise); this library's own records go to the
+    ``nixl_connect`` logger."""
+    _native.set_nixl_log_level(level, _search_paths())
 
 
 # Wire models: Dynamo's pydantic models, byte-compatible JSON.
@@ -366,18 +369,28 @@ class RdmaMetadata(BaseModel):
 # The validated native form of each RdmaMetadata object, by identity, for as
 # long as the object lives: metadata made in this process (or parsed once) is
 # not encoded and parsed again for every operation. The models are frozen, but
-# their `descriptors` list can be edited in place: the entry keeps the items it
-# was made from and is used only while the list still holds exactly those.
+# `object.__setattr__`, their `__dict__` and their `descriptors` list can
+# still change them: each entry keeps a native `Snapshot` of the objects the
+# model and each of its descriptors held when the twin was made, and the twin
+# is used only while the model holds exactly those (identity checks, in Rust).
 # An exact twin (the model was built from it) also writes the model's JSON.
 _native_metadata: dict[
     int,
-    tuple[
-        weakref.ref[RdmaMetadata], tuple[SerializedDescriptor, ...], _native.Metadata, bool
-    ],
+    tuple[weakref.ref[RdmaMetadata], _native.Snapshot, _native.Metadata, bool],
 ] = {}
 
 
-def _remember_native(metadata: RdmaMetadata, native: _native.Metadata, exact: bool) -> None:
+def _remember_native(
+    metadata: RdmaMetadata,
+    native: _native.Metadata,
+    exact: bool,
+    snapshot: Optional[_native.Snapshot],
+) -> None:
+    """Remembers `native` as `metadata`'s twin while `metadata` holds what
+    `snapshot` saw (taken before `native` was made from it); nothing
+    without a snapshot."""
+    if snapshot is None:
+        return
     key = id(metadata)
 
     def forget(ref: weakref.ref[RdmaMetadata], key: int = key) -> None:
@@ -385,8 +398,7 @@ def _remember_native(metadata: RdmaMetadata, native: _native.Metadata, exact: bo
         if entry is not None and entry[0] is ref:
             del _native_metadata[key]
 
-    items = tuple(metadata.descriptors)
-    _native_metadata[key] = (weakref.ref(metadata, forget), items, native, exact)
+    _native_metadata[key] = (weakref.ref(metadata, forget), snapshot, native, exact)
 
 
 def _twin_of(metadata: RdmaMetadata, exact: bool) -> Optional[_native.Metadata]:
@@ -395,22 +407,11 @@ def _twin_of(metadata: RdmaMetadata, exact: bool) -> Optional[_native.Metadata]:
     entry = _native_metadata.get(id(metadata))
     if entry is None or entry[0]() is not metadata:
         return None
-    _, items, native, is_exact = entry
+    _, snapshot, native, is_exact = entry
     if exact and not is_exact:
         return None
-    current = metadata.descriptors
-    if len(items) != len(current) or not all(map(operator.is_, items, current)):
+    if not snapshot.holds(metadata):
         return None
-    if is_exact:
-        # Frozen, but `object.__setattr__` can still change a field.
-        kind = metadata.operation_kind
-        if (
-            type(kind) is not int
-            or kind != native.operation_kind
-            or metadata.nixl_metadata != native.nixl_metadata
-            or metadata.notification_key != native.notification_key
-        ):
-            return None
     return native
 
 
@@ -418,16 +419,21 @@ def _native_of(metadata: RdmaMetadata) -> _native.Metadata:
     native = _twin_of(metadata, exact=False)
     if native is not None:
         return native
+    # The snapshot first: a change made while the JSON is written leaves the
+    # twin unused, never stale.
+    ours = isinstance(metadata, RdmaMetadata)
+    snapshot = _native.Metadata.snapshot(metadata) if ours else None
     native = _native.Metadata.from_json(metadata.model_dump_json())
-    if isinstance(metadata, RdmaMetadata):
-        _remember_native(metadata, native, exact=False)
+    if ours:
+        _remember_native(metadata, native, False, snapshot)
     return native
 
 
 def _model_of(native: _native.Metadata) -> RdmaMetadata:
     """The model of `native`, built without validation, and remembered."""
-    model = cast(RdmaMetadata, native.model(RdmaMetadata, SerializedDescriptor))
-    _remember_native(model, native, exact=True)
+    model, snapshot = native.model(RdmaMetadata, SerializedDescriptor)
+    model = cast(RdmaMetadata, model)
+    _remember_native(model, native, True, snapshot)
     return model
 
 
@@ -578,17 +584,18 @@ class Descriptor:
 
         For a plain descriptor: the object itself (the tensor, or the
         contiguous copy made of it; the array; the ``bytes``/``bytearray``; the
-        raw form's ``ref``). For a pool's part: a view of the pool's object over
-        the part, made on first access: a flat ``uint8`` tensor
-        (``narrow``), a NumPy/CuPy ``uint8`` array, a ``memoryview`` of a
-        buffer; the raw form's ``ref`` or a DLPack producer as they are.
+        raw form's ``ref``). For a pool's part: exactly the part's bytes, a
+        slice of the pool's flat view made when the pool was (a flat ``uint8``
+        tensor, a NumPy/CuPy ``uint8`` array, a flat ``memoryview`` of a
+        buffer's bytes in memory order, whatever its shape); the raw form's
+        ``ref`` or a DLPack producer as they are.
         """
         ref = self._ref
         if ref is _UNSET:
             referent = self._native.referent
             offset = self._native.offset
             ref = referent if offset is None else _part_of(
-                referent, self._native.origin, offset, self._native.capacity
+                self._pool, referent, offset, self._native.capacity
             )
             self._ref = ref
         return ref
@@ -661,20 +668,61 @@ def _connector_of(value: Any, argument: str, expected: str) -> Connector:
     raise TypeError(f"Argument `{argument}` must be `{expected}`.")
 
 
-def _part_of(obj: Any, origin: str, offset: int, length: int) -> Any:
-    """A view of `obj` (a pool's object) over bytes ``[offset, offset + length)``."""
-    if origin == "raw pointer":
-        return obj
-    if _is_torch_tensor(obj):
-        return obj.reshape(-1).view(sys.modules["torch"].uint8).narrow(0, offset, length)
-    if hasattr(obj, "reshape") and (
-        hasattr(obj, "__array_interface__") or hasattr(obj, "__cuda_array_interface__")
-    ):
-        return obj.reshape(-1, order="A").view("u1")[offset : offset + length]
+def _part_of(pool: Any, referent: Any, offset: int, length: int) -> Any:
+    """A part's ``_data_ref``: bytes ``[offset, offset + length)`` of the
+    pool's flat view (`_flat_of`), or the pool's object itself where it has
+    none (raw memory, a DLPack producer)."""
+    flat = pool._flat if pool is not None else None
+    if flat is None:
+        return referent
+    return flat[offset : offset + length]
+
+
+def _flat_of(native: _native.RegisteredMemory) -> Any:
+    """The pool's memory as one flat, one-dimensional view of its bytes in
+    memory order, which its parts' ``_data_ref`` slice: host memory through
+    the flat ``memoryview`` the native side makes of the export it holds
+    (for a NumPy array, a ``uint8`` array over it), never through the
+    object's own shape or order (a Fortran-ordered array, an ``np.matrix``);
+    a tensor as a flat ``uint8`` tensor, a CUDA array as a flat ``u1`` array,
+    each checked to be exactly the pool's bytes. ``None`` for raw memory and
+    DLPack producers (``_data_ref`` is then the object as it is).
+    ``ValueError`` if the object cannot be viewed so."""
+    origin = native.origin
+    if origin in ("raw pointer", "DLPack"):
+        return None
+    referent: Any = native.referent
+    ptr, size = native.ptr, native.size
+    why = "its flat view is not exactly its bytes"
     try:
-        return memoryview(obj).cast("B")[offset : offset + length]
-    except TypeError:
-        return obj
+        if _is_torch_tensor(referent):
+            flat = referent.reshape(-1).view(sys.modules["torch"].uint8)
+            if flat.dim() == 1 and flat.data_ptr() == ptr and flat.numel() == size:
+                return flat
+        elif native.device == "cpu":
+            window = native.window()
+            numpy = sys.modules.get("numpy")
+            if numpy is not None and isinstance(referent, numpy.ndarray):
+                return numpy.frombuffer(window, dtype=numpy.uint8)
+            return window
+        elif hasattr(referent, "__cuda_array_interface__") and hasattr(referent, "reshape"):
+            flat = referent.reshape(-1, order="A").view("u1")
+            interface = flat.__cuda_array_interface__
+            if (
+                tuple(interface["shape"]) == (size,)
+                and interface["data"][0] == ptr
+                and interface.get("strides") in (None, (1,))
+            ):
+                return flat
+        else:
+            why = "it has no flat view of bytes"
+    except Exception as e:  # noqa: BLE001 - any failure is the same refusal
+        why = f"{type(e).__name__}: {e}"
+    raise ValueError(
+        f"the parts of this {type(referent).__name__} cannot be viewed as their bytes "
+        f"(`Descriptor._data_ref`): {why}. Make the pool from a contiguous tensor, "
+        "array or buffer, or from raw parts `(ptr, size, device, ref)`."
+    )
 
 
 def _is_torch_tensor(value: Any) -> bool:
@@ -705,12 +753,13 @@ class RegisteredMemory:
     use") until they come back.
     """
 
-    __slots__ = ("_native", "__weakref__")
+    __slots__ = ("_native", "_flat", "__weakref__")
 
     def __init__(
         self, data: _DescriptorData, connection: Optional[Connection | Connector] = None
     ) -> None:
         self._native = _native.RegisteredMemory(data)
+        self._flat = _flat_of(self._native)
         if connection is not None:
             self.register_with_connector(connection)
 
@@ -754,9 +803,17 @@ class RegisteredMemory:
 
     def descriptor(self, offset: int, size: int) -> Descriptor:
         """A descriptor of `size` bytes at `offset`, owning them while it lives:
-        ``ValueError`` if the range is empty, runs past the memory, or overlaps
-        a live descriptor of this memory."""
-        return Descriptor._of_part(self._native.view(offset, size), self)
+        ``ValueError`` if the range is empty, runs past the memory (any
+        integer, negative or huge), or overlaps a live descriptor of this
+        memory; ``TypeError`` for a non-integer."""
+        _check_ints(offset=offset, size=size)
+        try:
+            native = self._native.view(offset, size)
+        except OverflowError:
+            raise ValueError(
+                f"cannot describe {size} bytes at offset {offset} of {self.size} bytes"
+            ) from None
+        return Descriptor._of_part(native, self)
 
 
 class BlockPool(RegisteredMemory):
@@ -780,7 +837,13 @@ class BlockPool(RegisteredMemory):
             raise TypeError("Argument `block_size` must be an `int`.")
         if block_size <= 0:
             raise ValueError("Argument `block_size` must be greater than 0.")
-        self._native = _native.RegisteredMemory(data, block_size)
+        try:
+            self._native = _native.RegisteredMemory(data, block_size)
+        except OverflowError:
+            raise ValueError(
+                f"Argument `block_size` must be at most the memory's size; got {block_size}."
+            ) from None
+        self._flat = _flat_of(self._native)
         if connection is not None:
             self.register_with_connector(connection)
 
@@ -795,7 +858,14 @@ class BlockPool(RegisteredMemory):
 
     def checkout(self, n: int) -> Optional[list[Descriptor]]:
         """`n` one-block descriptors, the lowest free blocks first (neighbours
-        move as one run); ``None``, and nothing checked out, if fewer are free."""
+        move as one run); ``None``, and nothing checked out, if fewer are free
+        (any larger `n`, however large). ``ValueError`` for a negative `n`,
+        ``TypeError`` for a non-integer."""
+        _check_ints(n=n)
+        if n < 0:
+            raise ValueError(f"Argument `n` must be at least 0; got {n}.")
+        if n > self._native.free:
+            return None
         natives = self._native.checkout(n)
         if natives is None:
             return None
@@ -803,9 +873,31 @@ class BlockPool(RegisteredMemory):
 
     def blocks(self, indices: list[int]) -> list[Descriptor]:
         """The blocks at `indices`, one descriptor each, in that order: all or
-        none; ``ValueError`` names an index out of range, checked out, or
-        listed twice."""
-        return [Descriptor._of_part(d, self) for d in self._native.blocks(list(indices))]
+        none; ``ValueError`` names an index out of range (any integer,
+        negative or huge), checked out, or listed twice; ``TypeError`` for a
+        non-integer."""
+        indices = list(indices)
+        try:
+            natives = self._native.blocks(indices)
+        except OverflowError:
+            # An index no `usize` holds: name the first such one.
+            count = len(self)
+            for i in indices:
+                _check_ints(index=i)
+                if not 0 <= i < count:
+                    raise ValueError(
+                        f"block {i} is out of range (the pool has {count})"
+                    ) from None
+            raise
+        return [Descriptor._of_part(d, self) for d in natives]
+
+
+def _check_ints(**values: Any) -> None:
+    """``TypeError`` naming the first of `values` that is not an ``int``
+    (``bool`` neither)."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"Argument `{name}` must be an `int`; got {type(value).__name__}.")
 
 
 def _is_descriptors(value: Any) -> bool:
@@ -1008,6 +1100,27 @@ class AbstractOperation(ABC):
         returns its final status. Raises like `wait_for_completion`."""
         return _STATUSES[self._native.wait(timeout)]
 
+    async def wait_for_release(self, timeout: Optional[float] = None) -> bool:
+        """Waits, without blocking the event loop, until the operation ended
+        and the backend let go of its memory: after `cancel()`, until a
+        transfer NIXL could not abort has drained, from which point none of
+        its bytes land any more. True then; False if `timeout` seconds passed
+        first. A cancelled passive operation on NIXL never lets go (a peer
+        may still write): give a timeout. Not in Dynamo's API (an extension;
+        `wait_for_completion` after `cancel()` returns at once, as Dynamo's)."""
+        native = self._native
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        pause = 0.001
+        while True:
+            native.reclaim_now()
+            if native.reclaimed:
+                return True
+            if deadline is not None and loop.time() >= deadline:
+                return False
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.05)
+
 
 class ActiveOperation(AbstractOperation):
     """An operation that moves bytes to or from a peer's passive operation."""
@@ -1056,6 +1169,8 @@ class PassiveOperation(AbstractOperation):
     cancelled NIXL exposure is never handed back)."""
 
     _metadata: dict[bool, RdmaMetadata]
+    # The descriptors' sizes `_metadata` was made with.
+    _metadata_sizes: tuple[int, ...]
     _warned: bool
 
     def _setup(
@@ -1068,6 +1183,7 @@ class PassiveOperation(AbstractOperation):
     ) -> None:
         AbstractOperation._setup(self, connection, native, local_descriptors, single, connector)
         self._metadata = {}
+        self._metadata_sizes = ()
         self._warned = False
         _live_passive.add(self)
 
@@ -1100,27 +1216,6 @@ class PassiveOperation(AbstractOperation):
             )
         try:
             fresh = self._exposed(self._connection, self._local_desc_list)
-    async def wait_for_release(self, timeout: Optional[float] = None) -> bool:
-        """Waits, without blocking the event loop, until the operation ended
-        and the backend let go of its memory: after `cancel()`, until a
-        transfer NIXL could not abort has drained, from which point none of
-        its bytes land any more. True then; False if `timeout` seconds passed
-        first. A cancelled passive operation on NIXL never lets go (a peer
-        may still write): give a timeout. Not in Dynamo's API (an extension;
-        `wait_for_completion` after `cancel()` returns at once, as Dynamo's)."""
-        native = self._native
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        pause = 0.001
-        while True:
-            native.reclaim_now()
-            if native.reclaimed:
-                return True
-            if deadline is not None and loop.time() >= deadline:
-                return False
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 0.05)
-
         except (ValueError, RuntimeError) as e:
             raise RuntimeError(f"{type(self).__name__} cannot be re-armed: {e}") from e
         self._native = fresh
@@ -1140,22 +1235,39 @@ class PassiveOperation(AbstractOperation):
         self._metadata.clear()
         if value is not None:
             self._metadata[False] = value
+            self._metadata_sizes = self._sizes()
 
     def __del__(self) -> None:
         _warn_unfinished(self, "dropped")
 
+    def _sizes(self) -> tuple[int, ...]:
+        """The sizes the descriptors would publish now (``_data_size``)."""
+        return tuple(d.size for d in self._local_desc_list)
+
     def metadata(self, hex_encode: bool = False) -> RdmaMetadata:
         """What the peer needs (send it out of band). ``hex_encode=True`` gives
-        Dynamo's legacy hex `nixl_metadata` instead of ``b64:``."""
+        Dynamo's legacy hex `nixl_metadata` instead of ``b64:``.
+
+        Made once and kept, as Dynamo's (``_serialized_request``): a size
+        lowered since (``_data_size``) is published once that is cleared. A
+        size grown past what the live operation exposes raises
+        ``RuntimeError`` on every call, whether or not `metadata` was asked
+        for before: never the old size."""
         hex_encode = bool(hex_encode)
+        sizes = self._sizes()
         cached = self._metadata.get(hex_encode)
         if cached is not None:
+            if sizes != self._metadata_sizes:
+                # Sizes changed since it was made: the native side refuses
+                # one grown past what is exposed.
+                self._native.metadata()
             return cached
         metadata = _model_of(cast(_native.Metadata, self._native.metadata()))
         if hex_encode:
             raw = base64.b64decode(metadata.nixl_metadata[len("b64:") :])
             metadata = metadata.model_copy(update={"nixl_metadata": raw.hex()})
         self._metadata[hex_encode] = metadata
+        self._metadata_sizes = sizes
         return metadata
 
 
@@ -1193,10 +1305,41 @@ def _warn_unfinished(op: PassiveOperation, when: str) -> None:
         pass
 
 
-@atexit.register
 def _warn_unfinished_at_exit() -> None:
     for op in list(_live_passive):
         _warn_unfinished(op, "left unfinished at interpreter exit")
+
+
+def _logging_shows_records() -> bool:
+    """Whether `logger`'s records reach a handler that shows them (one that is
+    not a `logging.NullHandler`, or Python's last resort)."""
+    current: Optional[logging.Logger] = logger
+    while current is not None:
+        if any(not isinstance(h, logging.NullHandler) for h in current.handlers):
+            return True
+        if not current.propagate:
+            return False
+        current = current.parent
+    return False
+
+
+@atexit.register
+def _at_exit() -> None:
+    """Runs before the interpreter finalizes (registered at import: after the
+    hooks registered later, by code that may still use the package): warns of unfinished
+    passive operations, then stops the native module's threads from entering
+    the interpreter for good (see the package README, "At exit"). Operations
+    and connectors still alive are torn down during finalization without
+    Python; the library's records from then on go to stderr if logging shows
+    them, and are dropped otherwise."""
+    try:
+        _warn_unfinished_at_exit()
+    finally:
+        try:
+            shows = _logging_shows_records()
+        except Exception:
+            shows = False
+        _native.close_at_exit(shows)
 
 
 class ReadOperation(ActiveOperation):
@@ -1300,9 +1443,14 @@ class WritableOperation(PassiveOperation):
 
 
 def _search_paths() -> list[str]:
-    """Where the running interpreter imports from: NIXL installed by pip
-    (``nixl_connect[cu12]``) is found here with nothing set."""
-    paths: list[str] = []
+    """Where the NIXL runtime is looked for first, by every entry point that
+    loads it (a NIXL connector, `set_nixl_log_level`, ``python -m
+    nixl_connect``): the running interpreter's `sys.path`, then its
+    site-packages (those `sys.path` leaves out, as under ``python -S``). NIXL
+    installed by pip into this interpreter's environment (``nixl_connect[cu12]``,
+    ``install-runtime``) is found there with nothing set, whether or not the
+    environment is activated."""
+    paths: list[str] = [p for p in sys.path if p]
     try:
         import site
 
@@ -1310,7 +1458,6 @@ def _search_paths() -> list[str]:
         paths.append(site.getusersitepackages())
     except (AttributeError, ImportError):
         pass
-    paths.extend(p for p in sys.path if p)
     seen: set[str] = set()
     out = []
     for p in paths:
@@ -1399,6 +1546,15 @@ class Connection:
     def name(self) -> str | None:
         """``f"{connector.name}-{number}"``."""
         return self._name
+
+    @property
+    def metadata(self) -> bytes:
+        """The agent's metadata, as Dynamo's (NIXL's ``get_agent_metadata()``):
+        NIXL's serialized agent (its connection info and every region
+        registered with it), uncompressed; on loopback, the blob naming the
+        fabric and the agent. Here it is the connector's one agent (creating
+        it if it does not exist yet)."""
+        return self._native_connector().agent_metadata()
 
     def acquire_remote_ref(self, name: str) -> None:
         """Counts a reference to peer `name` (kept for Dynamo's callers; peers
@@ -1502,6 +1658,31 @@ def _agent_name(nixl_metadata: bytes | str) -> str:
     raise ValueError("Argument `nixl_metadata` is not a peer's agent metadata.")
 
 
+# How long a Connector's coroutine waits for memory that an earlier
+# operation may still write (a cancelled transfer draining: NIXL cannot
+# abort a posted one) before it raises `_native.MemoryBusy` (a ValueError).
+_BUSY_WAIT = 10.0
+
+_Made = Any
+
+
+async def _when_let_go(make: Any) -> _Made:
+    """`make()` once no earlier operation may still write the memory it
+    describes (see `_native.MemoryBusy`), retried with a growing pause for
+    up to `_BUSY_WAIT` seconds; then the last `MemoryBusy` is raised."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _BUSY_WAIT
+    pause = 0.001
+    while True:
+        await asyncio.sleep(pause)
+        try:
+            return make()
+        except _native.MemoryBusy:
+            if loop.time() >= deadline:
+                raise
+            pause = min(pause * 2, 0.05)
+
+
 class Connector:
     """Creates the four operations for one worker.
 
@@ -1512,7 +1693,7 @@ class Connector:
     in-process fabric, for tests). As with Dynamo, the NIXL agent is created on
     first use.
 
-    `await_spin` (seconds; 0 turns it off; at most 0.05): how long
+    `await_spin` (seconds, from 0 to 0.05; 0 turns it off): how long
     ``await op.wait_for_completion()`` of a READ or WRITE first waits for the
     transfer in the calling thread, GIL released, holding the event loop,
     before the loop takes over the wait. It is the same setting as the
@@ -1569,11 +1750,14 @@ class Connector:
             peer_failure_detection = _flag_from_env("NIXL_CONNECT_PEER_FAILURE_DETECTION", True)
         elif not isinstance(peer_failure_detection, bool):
             raise TypeError("Argument `peer_failure_detection` must be a `bool` or `None`.")
+        backend_source = "Argument `backend`"
         if backend is None:
             backend = os.environ.get("NIXL_CONNECT_BACKEND", "nixl")
+            if "NIXL_CONNECT_BACKEND" in os.environ:
+                backend_source = "NIXL_CONNECT_BACKEND"
         if backend not in BACKENDS:
             raise ValueError(
-                f"Argument `backend` must be one of {', '.join(BACKENDS)}; got {backend!r}."
+                f"{backend_source} must be one of {', '.join(BACKENDS)}; got {backend!r}."
             )
         self._worker_id = worker_id
         self._hostname = socket.gethostname()
@@ -1655,31 +1839,6 @@ class Connector:
 
     @cached_property
     def is_cuda_available(self) -> bool:
-# How long a Connector's coroutine waits for memory that an earlier
-# operation may still write (a cancelled transfer draining: NIXL cannot
-# abort a posted one) before it raises `_native.MemoryBusy` (a ValueError).
-_BUSY_WAIT = 10.0
-
-_Made = Any
-
-
-async def _when_let_go(make: Any) -> _Made:
-    """`make()` once no earlier operation may still write the memory it
-    describes (see `_native.MemoryBusy`), retried with a growing pause for
-    up to `_BUSY_WAIT` seconds; then the last `MemoryBusy` is raised."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + _BUSY_WAIT
-    pause = 0.001
-    while True:
-        await asyncio.sleep(pause)
-        try:
-            return make()
-        except _native.MemoryBusy:
-            if loop.time() >= deadline:
-                raise
-            pause = min(pause * 2, 0.05)
-
-
         """Whether CUDA memory can be used (CuPy or an imported torch says so)."""
         try:
             import cupy  # type: ignore[import-not-found]
@@ -1697,6 +1856,22 @@ async def _when_let_go(make: Any) -> _Made:
 
     async def initialize(self) -> None:
         """Deprecated in Dynamo; does nothing."""
+
+    async def warm_up(self, remote_metadata: Optional[RdmaMetadata] = None) -> None:
+        """Pays the first operation's set-up now (beyond Dynamo): creates the
+        agent, which on NIXL loads the runtime the first time in the process
+        and creates the NIXL agents (hundreds of milliseconds, in a worker
+        thread: the event loop keeps running). With `remote_metadata` (a
+        peer's `RdmaMetadata`), also loads that peer and makes the connection
+        to it (Rust's ``Connector::warm_up``), so that the first READ or WRITE
+        to it does not pay for the connection either; the peer stays loaded
+        for the operations that follow. ``ImportError`` without a NIXL
+        runtime, ``ValueError`` for metadata no peer could be loaded from."""
+        if remote_metadata is not None and not _is_metadata(remote_metadata):
+            raise TypeError("Argument `remote_metadata` must be `RdmaMetadata` or `None`.")
+        native = await asyncio.to_thread(self._native_connector)
+        if remote_metadata is not None:
+            await asyncio.to_thread(native.warm_up, _native_of(remote_metadata))
 
     async def _create_connection(self) -> Connection:
         """The connection operations run through: one, shared, made under a

@@ -12,8 +12,10 @@ from typing import Final, final
 
 __all__ = [
     "Connector",
+    "MemoryBusy",
     "Descriptor",
     "Metadata",
+    "Snapshot",
     "Operation",
     "Notifier",
     "RegisteredMemory",
@@ -23,6 +25,7 @@ __all__ = [
     "parse_device",
     "set_nixl_log_level",
     "nixl_runtime",
+    "close_at_exit",
     "__version__",
 ]
 
@@ -43,12 +46,26 @@ def parse_device(text: str) -> tuple[int, int]:
     kind as `nixl_connect.DeviceKind`'s integer; ``ValueError`` naming the
     input and the accepted forms."""
 
-def set_nixl_log_level(level: str) -> None:
-    """NIXL's own log level: ``"info"``, ``"warning"``, ``"error"``, ``"fatal"``, ``"off"``."""
+def set_nixl_log_level(
+    level: str, site_packages: Sequence[str | os.PathLike[str]] | None = None
+) -> None:
+    """The native layer's log level (NIXL's, and UCX's unless ``UCX_LOG_LEVEL``
+    is set): ``"info"``, ``"warning"``, ``"error"``, ``"fatal"``, ``"off"``.
+    Loads the runtime first, as `nixl_runtime` does."""
 
-def nixl_runtime(site_packages: Sequence[str | os.PathLike[str]]) -> str:
-    """Loads the NIXL runtime; the path of its ``libnixl_capi.so``.
-    ``ImportError`` without one: the fix first, then each place looked in once."""
+def nixl_runtime(site_packages: Sequence[str | os.PathLike[str]] | None = None) -> str:
+    """Loads the NIXL runtime; the path of its ``libnixl_capi.so``. Looked for
+    first in `site_packages` (by default ``nixl_connect._search_paths()``, as
+    every entry point that loads it does). ``ImportError`` without one: the
+    fix first, then each place looked in once."""
+
+def close_at_exit(to_stderr: bool) -> None:
+    """From the package's ``atexit`` hook: no native thread enters the interpreter
+    from now on; the library's later records go to stderr (``to_stderr``) or are
+    dropped."""
+
+class MemoryBusy(ValueError):
+    """A descriptor's memory is still being written by an earlier operation."""
 
 @final
 class Connector:
@@ -58,14 +75,23 @@ class Connector:
         cls,
         name: str,
         backend: str,
-        site_packages: Sequence[str | os.PathLike[str]] = ...,
+        site_packages: Sequence[str | os.PathLike[str]] | None = None,
         peer_failure_detection: bool = True,
     ) -> Connector:
         """`backend` is ``"nixl"`` or ``"loopback"``; NIXL's runtime is looked
-        for first in `site_packages`."""
-class MemoryBusy(ValueError):
-    """A descriptor's memory is still being written by an earlier operation."""
+        for first in `site_packages` (by default ``nixl_connect._search_paths()``)."""
 
+    def agent_metadata(self) -> bytes:
+        """The agent's metadata: NIXL's full serialized agent (Dynamo's
+        ``Connection.metadata``), or loopback's blob."""
+
+    def warm_up(self, metadata: Metadata) -> None:
+        """Loads the peer `metadata` names and makes the connection to it now
+        (GIL released)."""
+
+    @property
+    def remote_agents(self) -> int:
+        """Peers loaded, in use or idle."""
 
     @property
     def name(self) -> str:
@@ -94,6 +120,9 @@ class MemoryBusy(ValueError):
     def _delay_next_transfer(self, seconds: float) -> None:
         """Testing hook (loopback): the next transfer waits `seconds` first."""
 
+    def _drain_next_transfer(self, seconds: float) -> None:
+        """Testing hook (loopback): the next transfer waits `seconds`, then moves its bytes even if cancelled."""
+
     def _drop_next_notification(self) -> None:
         """Testing hook (loopback): the next transfer's notification is lost."""
 
@@ -117,9 +146,6 @@ class MemoryBusy(ValueError):
 @final
 class Descriptor:
     """Memory of a Python object, kept alive while a transfer may touch it."""
-
-    def _drain_next_transfer(self, seconds: float) -> None:
-        """Testing hook (loopback): the next transfer waits `seconds`, then moves its bytes even if cancelled."""
 
     def __new__(cls, data: object) -> Descriptor:
         """``TypeError`` (`TYPE_ERROR_MESSAGE`) if `data` describes no memory."""
@@ -237,6 +263,10 @@ class RegisteredMemory:
     def blocks(self, indices: list[int]) -> list[Descriptor]:
         """The blocks at `indices`, all or none (``ValueError`` naming one)."""
 
+    def window(self) -> memoryview | None:
+        """Host memory as a flat ``memoryview`` of bytes (format ``B``), in
+        memory order, keeping the memory valid; ``None`` on a device."""
+
 @final
 class Metadata:
     """Validated ``RdmaMetadata``; made by `from_json`, `from_json_exact`,
@@ -260,10 +290,18 @@ class Metadata:
     def to_json(self) -> str:
         """Dynamo's JSON: what pydantic writes for the model `model` builds."""
 
-    def model(self, cls: type[object], descriptor_cls: type[object]) -> object:
+    def model(
+        self, cls: type[object], descriptor_cls: type[object]
+    ) -> tuple[object, Snapshot]:
         """The metadata as an instance of `cls` (``RdmaMetadata``) holding
         instances of `descriptor_cls` (``SerializedDescriptor``), built as
-        pydantic-core builds validated ones, without validation."""
+        pydantic-core builds validated ones, without validation; with the
+        `Snapshot` of what it was built with."""
+
+    @staticmethod
+    def snapshot(model: object) -> Snapshot | None:
+        """The `Snapshot` of `model` as it is now; ``None`` if its fields are
+        not where pydantic keeps them."""
 
     @property
     def nixl_metadata(self) -> str:
@@ -280,6 +318,14 @@ class Metadata:
     @property
     def descriptors(self) -> list[tuple[str, int, int]]:
         """``(device, ptr, size)`` of each remote descriptor."""
+
+@final
+class Snapshot:
+    """What a model and its descriptors held (by identity) when their native
+    twin was made; made by `Metadata.model` and `Metadata.snapshot`."""
+
+    def holds(self, model: object) -> bool:
+        """Whether `model` holds exactly what it held then."""
 
 @final
 class Operation:
