@@ -161,18 +161,19 @@ def test_a_dict_gives_the_model_pydantic_gives(n):
 
 
 @pytest.mark.parametrize("n", [5, 300, 4096])
-def test_documents_the_native_parser_leaves_to_pydantic_give_pydantic_s_models(n):
-    # Sizes of 0 (Dynamo accepts them, the core does not): pydantic's path.
+def test_documents_with_sizes_of_0_take_the_fast_path_and_give_pydantic_s_models(n):
+    # Sizes of 0 (empty buffers: Dynamo publishes them, and so does the core).
     rng = random.Random(2000 + n)
     doc = random_document(rng, n, zero_sizes=True)
     doc["descriptors"][n // 2]["size"] = 0
     text = compact(doc)
     fast = nc.RdmaMetadata.model_validate_json(text)
-    assert not took_fast_path(fast)
+    assert took_fast_path(fast)
     assert_same_models(fast, pydantic_parse_json(text))
     assert fast.model_dump_json() == text
     from_dict = nc.RdmaMetadata.model_validate(doc)
-    assert not took_fast_path(from_dict)
+    assert took_fast_path(from_dict)
+    assert_same_models(from_dict, pydantic_parse(copy.deepcopy(doc)))
     assert_same_models(from_dict, fast)
 
 
@@ -331,10 +332,10 @@ def test_the_fast_path_takes_the_documents_it_should():
                  "json: escapes", "json: spaced", "json: trailing whitespace",
                  "json: notification_key quotes and backslashes",
                  "json: notification_key 256 bytes", "json: ptr 2**64 - 1",
-                 "json: device xpu:1",
+                 "json: device xpu:1", "json: size 0",
                  "bytes: good", "bytearray: good"):
         assert took_fast_path(nc.RdmaMetadata.model_validate_json(TEXT_FORMS[name])), name
-    for name in ("json: size 0", "json: operation_kind 3", "json: bytes after the zlib stream",
+    for name in ("json: operation_kind 3", "json: bytes after the zlib stream",
                  "json: device GPU:1", "json: a duplicate key", "json: agent metadata a zlib bomb",
                  "json: 64 MiB and more (padding)", "json: ptr negative"):
         model = nc.RdmaMetadata.model_validate_json(TEXT_FORMS[name])
@@ -387,8 +388,9 @@ def test_model_validate_accepts_and_refuses_exactly_what_pydantic_does(name):
 
 def test_model_validate_of_an_exact_dict_takes_the_fast_path_and_of_anything_else_not():
     assert took_fast_path(nc.RdmaMetadata.model_validate(good()))
+    assert took_fast_path(nc.RdmaMetadata.model_validate(DICT_FORMS["dict: size 0"]))
     for name in ("dict: a str subclass", "dict: an int subclass", "dict: an IntEnum kind",
-                 "dict: a dict subclass", "dict: descriptors a tuple", "dict: size 0",
+                 "dict: a dict subclass", "dict: descriptors a tuple",
                  "dict: device GPU:1"):
         assert not took_fast_path(nc.RdmaMetadata.model_validate(DICT_FORMS[name])), name
 
