@@ -9,6 +9,8 @@
 //! - `demo [--backend NAME] [demo options]`: the main job, in a release build.
 //! - `nixl-runtime`: fetch and unpack the NIXL runtime (idempotent).
 //! - `fuzz [--seconds N]`: coverage-guided fuzzing of the untrusted-input parsers.
+//! - `soak [--minutes M] [--impl ours|dyn|both]`: the mixed workload of issue
+//!   48 on NIXL, its report and verdicts (`soak.rs`); `test --long` runs it.
 //! - `gpu-bundle`: GPU checks and their NIXL runtime files in one folder.
 //! - `bench [--quick] [--python | --two-hosts]`: the interleaved benchmark
 //!   (release build), then the criterion micro-benchmarks of the hot paths,
@@ -27,6 +29,7 @@ mod hosts;
 mod nixl;
 mod perf;
 mod python;
+mod soak;
 mod wheel;
 
 use std::ffi::OsString;
@@ -105,7 +108,7 @@ fn forget_packaged_sources(ws: &Workspace) {
 }
 
 fn main() -> ExitCode {
-    let command = match flags::Xtask::from_env() {
+    let command = match flags::Xtask::from_env_with_aliases() {
         Ok(flags) => flags.subcommand,
         Err(e) if e.is_help() => {
             println!("{}", help());
@@ -141,6 +144,7 @@ fn main() -> ExitCode {
         },
         flags::XtaskCmd::GpuBundle(_) => bundle::gpu_bundle(sh, root),
         flags::XtaskCmd::Wheel(_) => python::wheel(sh, root),
+        flags::XtaskCmd::Soak(args) => soak::soak(sh, root, &args),
         flags::XtaskCmd::Fuzz(args) => fuzz::run_targets(sh, root, args.seconds.unwrap_or(60)),
         flags::XtaskCmd::NixlRuntime(_) => match nixl::ensure_runtime(sh, root) {
             Ok(runtime) => {
@@ -575,6 +579,13 @@ fn test(sh: &Shell, ws: &Workspace, long: bool, chosen: &[String]) -> Result<(),
     steps.time("python: wheel, pytest on 3.10-3.13", |sh| {
         python::test(sh, root, long)
     });
+
+    // The soak of issue 48 (an hour): only in the long suite.
+    if long {
+        steps.time("soak: 60 minutes, nixl_connect on NIXL", |sh| {
+            soak::long(sh, root)
+        });
+    }
 
     let steps = steps.done;
     if steps.is_empty() {

@@ -336,7 +336,7 @@ fn path_with(dir: &Path) -> std::ffi::OsString {
 /// The environment the tests and the benchmark run with: the Dynamo module and
 /// the torch stand-in (for Dynamo peers only), NIXL tests required where the
 /// runtime is installed, and only the virtualenv on `PATH`.
-fn test_env(venv: &Venv) -> Vec<(&'static str, String)> {
+pub(crate) fn test_env(venv: &Venv) -> Vec<(&'static str, String)> {
     let mut env = vec![
         (
             "NIXL_CONNECT_DYNAMO_SRC",
@@ -352,6 +352,33 @@ fn test_env(venv: &Venv) -> Vec<(&'static str, String)> {
         env.push(("NIXL_TESTS_REQUIRED", "1".to_owned()));
     }
     env
+}
+
+/// The 3.11 virtualenv `cargo xtask soak` runs in: the wheel of this tree
+/// built and installed (as for `bench --python`), or with `installed`, the
+/// package as the virtualenv holds it now (made by an earlier `cargo xtask
+/// test`), nothing built.
+pub(crate) fn soak_venv(sh: &Shell, root: &Path, installed: bool) -> Result<Venv, String> {
+    if !installed {
+        return build_wheel(sh, root)
+            .and_then(|wheel| ensure_venv(sh, root, "3.11", true, &wheel))
+            .and_then(|venv| venv.ok_or_else(|| "no CPython 3.11 here".to_owned()));
+    }
+    let dir = venv_dir(root, "3.11");
+    if !dir.join(".complete").is_file() {
+        return Err(format!(
+            "{} is not made yet: run `cargo xtask test python` once, or leave out --installed",
+            dir.display()
+        ));
+    }
+    let (dynamo_src, torch_stub) = ensure_dynamo(sh, root)?;
+    Ok(Venv {
+        python: dir.join("bin/python"),
+        root: dir,
+        nixl: true,
+        dynamo_src,
+        torch_stub,
+    })
 }
 
 /// Runs the package's pytest suite (`crates/nixl-connect-py/tests`);
