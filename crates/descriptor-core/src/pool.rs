@@ -222,6 +222,29 @@ impl RegisteredMemory {
         }
     }
 
+    /// Whether [`carve`](Self::carve)`(offset, len)` would succeed now: the
+    /// range is not empty, lies in the buffer, and no live descriptor holds
+    /// any of its bytes. A descriptor held by an operation counts as live
+    /// until the operation hands it back or drops it (after the backend let
+    /// go of the memory); one leaked (`mem::forget`, or a cancelled passive
+    /// operation on a backend that cannot revoke a peer's access) holds its
+    /// bytes for good. Takes the allocator's lock only (no backend call);
+    /// another thread may carve or drop a descriptor the moment after.
+    pub fn is_free(&self, offset: usize, len: usize) -> bool {
+        let Some(end) = offset
+            .checked_add(len)
+            .filter(|&end| len > 0 && end <= self.len())
+        else {
+            return false;
+        };
+        self.region
+            .allocate(|a| match a {
+                Allocator::Bytes(bytes) => bytes.overlapping(offset, end).is_none(),
+                Allocator::Blocks(_) => false,
+            })
+            .unwrap_or(false)
+    }
+
     /// Registered bytes.
     pub fn len(&self) -> usize {
         self.region.whole().len
@@ -446,6 +469,41 @@ mod tests {
         assert_eq!((a.ptr() - memory.ptr(), b.ptr() - memory.ptr()), (10, 30));
         drop((a, b));
         assert_eq!(memory.carved(), 0);
+    }
+
+    #[test]
+    fn is_free_says_whether_a_carve_would_succeed() {
+        let (_, connector) = scripted();
+        let memory = RegisteredMemory::new(&connector, vec![0u8; 100]).unwrap();
+        let a = memory.carve(10, 20).unwrap();
+        let cases = [
+            (0, 10),
+            (0, 11),
+            (10, 20),
+            (29, 1),
+            (30, 70),
+            (15, 2),
+            (0, 0),
+            (90, 11),
+            (usize::MAX, 2),
+        ];
+        for (offset, len) in cases {
+            let expected = memory.carve(offset, len).is_ok(); // dropped at once
+            assert_eq!(memory.is_free(offset, len), expected, "{offset}+{len}");
+        }
+        assert!(!memory.is_free(10, 20) && memory.is_free(30, 70));
+        // A forgotten view (as a leaked operation's) holds its bytes for good.
+        std::mem::forget(a);
+        assert!(!memory.is_free(29, 1));
+        // A view an operation holds is live until it is handed back; a part
+        // of a split view comes back alone.
+        let mut b = memory.carve(40, 20).unwrap();
+        let tail = b.split_off(10).unwrap();
+        drop(b);
+        assert!(memory.is_free(40, 10) && !memory.is_free(40, 11));
+        drop(tail);
+        assert!(memory.is_free(30, 70));
+        assert_eq!(memory.carved(), 20);
     }
 
     #[test]

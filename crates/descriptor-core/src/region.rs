@@ -621,6 +621,13 @@ impl Bytes {
         Ok(())
     }
 
+    /// The live range overlapping `[start, end)`, if any (the one starting
+    /// last before `end`: ranges are disjoint).
+    pub(crate) fn overlapping(&self, start: usize, end: usize) -> Option<(usize, usize)> {
+        let (&s, &e) = self.live.range(..end).next_back()?;
+        (e > start).then_some((s, e))
+    }
+
     /// Bytes in live ranges.
     pub(crate) fn live_bytes(&self) -> usize {
         self.live.iter().map(|(s, e)| e - s).sum()

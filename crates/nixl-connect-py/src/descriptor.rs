@@ -266,7 +266,9 @@ impl Drop for PyDescriptor {
             }
         } else {
             // A part's Rust view goes back to the core first, then the
-            // Python-level claim: a new descriptor of these bytes lends at once.
+            // Python-level claim: a new descriptor of these bytes lends at
+            // once. (Bytes an operation still holds stay claimed, as held,
+            // until the core lets go of them: see `pool`.)
             drop(slot);
         }
         if let Some(part) = &self.part {

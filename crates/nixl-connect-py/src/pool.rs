@@ -7,7 +7,11 @@
 //! - **here**, by a Python `Descriptor` (a view [`PyDescriptor`]) for its
 //!   whole life: [`Claims`] hands a range to one descriptor and takes it back
 //!   when that descriptor is dropped, so two live Python descriptors never
-//!   describe the same bytes;
+//!   describe the same bytes. A range the core still holds when its
+//!   descriptor is dropped stays claimed, as *held*, until the core lets go
+//!   (asked again whenever the pool counts or hands out parts): `free`,
+//!   `checkout`, `blocks` and `view` never count or hand out bytes an
+//!   operation still holds;
 //! - **in the core**, by a Rust view carved from the core's
 //!   [`RegisteredMemory`] when the descriptor is lent to an operation. The
 //!   core refuses a range a Rust view still holds (an operation draining or
@@ -35,11 +39,15 @@ use crate::error::to_py;
 use crate::fork;
 use crate::memory::{PyMemory, Source, source_of};
 
-/// The ranges live Python descriptors own, as disjoint `start -> end` pairs.
+/// The ranges live Python descriptors own, as disjoint `start -> end` pairs,
+/// and those their descriptors left while the core still held them.
 #[derive(Default)]
 struct Claims {
     ranges: BTreeMap<usize, usize>,
     bytes: usize,
+    /// Claimed ranges with no Python descriptor, which a Rust view (an
+    /// operation draining or leaked) still holds: a subset of `ranges`.
+    held: BTreeMap<usize, usize>,
 }
 
 impl Claims {
@@ -61,12 +69,26 @@ impl Claims {
         Ok(())
     }
 
-    /// Gives `[start, end)` back (a descriptor's drop).
+    /// Gives `[start, end)` back (a descriptor's drop, or a held range the
+    /// core let go of).
     fn give_back(&mut self, start: usize, end: usize) {
         if self.ranges.get(&start) == Some(&end) {
             self.ranges.remove(&start);
+            self.held.remove(&start);
             self.bytes -= end - start;
         }
+    }
+
+    /// Keeps the claimed `[start, end)` of a dropped descriptor as held.
+    fn hold(&mut self, start: usize, end: usize) {
+        if self.ranges.get(&start) == Some(&end) {
+            self.held.insert(start, end);
+        }
+    }
+
+    /// Whether `[start, end)` is a held range.
+    fn is_held(&self, start: usize, end: usize) -> bool {
+        self.held.get(&start) == Some(&end)
     }
 
     /// The lowest `n` unclaimed blocks of `block` bytes among the first
@@ -125,6 +147,31 @@ impl PyRegisteredMemory {
         // Every change is whole before anything can panic: a poisoned
         // lock's value is consistent.
         self.claims.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The claims, with every held range the core let go of given back.
+    /// Asking the core takes only its allocator's leaf lock (no backend
+    /// call), so it is asked under ours. A forked child asks nothing: it
+    /// leaks what it inherited (see `fork`), and its parent's threads may
+    /// have held that lock at the fork.
+    fn settled_claims(&self) -> MutexGuard<'_, Claims> {
+        let mut claims = self.claims();
+        if claims.held.is_empty() || fork::forked() {
+            return claims;
+        }
+        let Some(registered) = self.registered.get() else {
+            return claims;
+        };
+        let let_go: Vec<(usize, usize)> = claims
+            .held
+            .iter()
+            .filter(|&(&s, &e)| registered.memory.is_free(s, e - s))
+            .map(|(&s, &e)| (s, e))
+            .collect();
+        for (start, end) in let_go {
+            claims.give_back(start, end);
+        }
+        claims
     }
 
     /// Registers the memory with `connector` unless it is registered:
@@ -187,9 +234,27 @@ impl PyRegisteredMemory {
         self.registered.get().is_some()
     }
 
-    /// Gives back a range a Python descriptor owned (its drop).
+    /// Gives back a range a Python descriptor owned (its drop), after the
+    /// descriptor's own Rust view went back to the core. If a Rust view still
+    /// holds any of it (an operation draining, or leaked after a cancel), the
+    /// range stays claimed as held until the core lets go of it; it is never
+    /// counted free or handed out meanwhile. A forked child keeps it held
+    /// (its descriptor's view was leaked, and the core is not asked there).
     pub(crate) fn release(&self, offset: usize, len: usize) {
-        self.claims().give_back(offset, offset + len);
+        let end = offset + len;
+        let held = match self.registered.get() {
+            _ if fork::forked() => true,
+            // Only this descriptor carved these bytes: none but its view, in
+            // an operation, can hold them.
+            Some(registered) => !registered.memory.is_free(offset, len),
+            None => false,
+        };
+        let mut claims = self.claims();
+        if held {
+            claims.hold(offset, end);
+        } else {
+            claims.give_back(offset, end);
+        }
     }
 
     fn views(slf: &Bound<'_, Self>, parts: &[(usize, usize)]) -> Vec<PyDescriptor> {
@@ -328,10 +393,11 @@ impl PyRegisteredMemory {
         self.block_count()
     }
 
-    /// Blocks no descriptor owns (block pools), or bytes no descriptor owns.
+    /// Blocks no descriptor owns and no operation holds (block pools), or
+    /// such bytes.
     #[getter]
     fn free(&self) -> usize {
-        let claimed = self.claims().bytes;
+        let claimed = self.settled_claims().bytes;
         match self.block {
             Some(block) => self.block_count() - claimed / block,
             None => self.source.size - claimed,
@@ -352,7 +418,8 @@ impl PyRegisteredMemory {
 
     /// A descriptor of `size` bytes at `offset`, owning them until it is
     /// dropped: `ValueError` if the range is empty, runs past the memory, or
-    /// overlaps a live descriptor of this memory.
+    /// overlaps a live descriptor of this memory or bytes an operation still
+    /// holds.
     fn view(slf: &Bound<'_, Self>, offset: usize, size: usize) -> PyResult<PyDescriptor> {
         let this = slf.get();
         let total = this.source.size;
@@ -373,21 +440,29 @@ impl PyRegisteredMemory {
                 "a block pool is described in whole blocks of {block} bytes"
             )));
         }
-        this.claims().take(offset, end).map_err(|(s, e)| {
-            PyValueError::new_err(format!(
-                "bytes {offset}..{end} overlap the live descriptor of bytes {s}..{e}"
-            ))
+        let mut claims = this.settled_claims();
+        claims.take(offset, end).map_err(|(s, e)| {
+            PyValueError::new_err(if claims.is_held(s, e) {
+                format!(
+                    "bytes {offset}..{end} overlap bytes {s}..{e}, still held by an operation that has \
+                     not let go of them (draining, or leaked after a cancel)"
+                )
+            } else {
+                format!("bytes {offset}..{end} overlap the live descriptor of bytes {s}..{e}")
+            })
         })?;
+        drop(claims);
         Ok(Self::views(slf, &[(offset, size)]).remove(0))
     }
 
     /// `n` one-block descriptors, the lowest free blocks first; `None` (and
-    /// nothing checked out) if fewer than `n` are free.
+    /// nothing checked out) if fewer than `n` are free. A block an operation
+    /// still holds is not free.
     fn checkout(slf: &Bound<'_, Self>, n: usize) -> PyResult<Option<Vec<PyDescriptor>>> {
         let this = slf.get();
         let block = this.block_size_or_err()?;
         let indices = {
-            let mut claims = this.claims();
+            let mut claims = this.settled_claims();
             let Some(indices) = claims.lowest_free_blocks(block, this.block_count(), n) else {
                 return Ok(None);
             };
@@ -403,13 +478,13 @@ impl PyRegisteredMemory {
 
     /// The blocks at `indices`, one descriptor each, in that order: all or
     /// none. `ValueError` names the first index out of range, owned by a live
-    /// descriptor, or listed twice.
+    /// descriptor, still held by an operation, or listed twice.
     fn blocks(slf: &Bound<'_, Self>, indices: Vec<usize>) -> PyResult<Vec<PyDescriptor>> {
         let this = slf.get();
         let block = this.block_size_or_err()?;
         let count = this.block_count();
         {
-            let mut claims = this.claims();
+            let mut claims = this.settled_claims();
             let mut taken = Vec::with_capacity(indices.len());
             let mut refused = None;
             for &i in &indices {
@@ -417,9 +492,14 @@ impl PyRegisteredMemory {
                     refused = Some(format!("block {i} is out of range (the pool has {count})"));
                     break;
                 }
-                if claims.take(i * block, (i + 1) * block).is_err() {
+                if let Err((s, e)) = claims.take(i * block, (i + 1) * block) {
                     refused = Some(if taken.contains(&i) {
                         format!("block {i} is listed twice")
+                    } else if claims.is_held(s, e) {
+                        format!(
+                            "block {i} is still held by an operation that has not let go of it \
+                             (draining, or leaked after a cancel)"
+                        )
                     } else {
                         format!("block {i} is checked out by a live descriptor")
                     });
