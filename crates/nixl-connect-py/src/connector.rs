@@ -192,13 +192,12 @@ impl PyConnector {
             }
             "nixl" => {
                 crate::runtime::load(py, site_packages)?;
-                let backend = py
-                    .detach(|| {
-                        NixlBackend::builder(name)
-                            .peer_failure_detection(peer_failure_detection)
-                            .build()
-                    })
-                    .map_err(to_py)?;
+                let backend = crate::exit::detach(py, || {
+                    NixlBackend::builder(name)
+                        .peer_failure_detection(peer_failure_detection)
+                        .build()
+                })
+                .map_err(to_py)?;
                 ucx_error_handling_mode = backend
                     .plugin_params("UCX")
                     .map_err(to_py)?
@@ -232,7 +231,9 @@ impl PyConnector {
     fn agent_metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         fork::check()?;
         let bytes = match &self.agent {
-            Agent::Nixl(backend) => py.detach(|| backend.agent_metadata()).map_err(to_py)?,
+            Agent::Nixl(backend) => {
+                crate::exit::detach(py, || backend.agent_metadata()).map_err(to_py)?
+            }
             Agent::Loopback(blob) => blob.clone(),
         };
         Ok(PyBytes::new(py, &bytes))
@@ -243,7 +244,7 @@ impl PyConnector {
     fn warm_up(&self, py: Python<'_>, metadata: &PyMetadata) -> PyResult<()> {
         fork::check()?;
         let inner = self.inner();
-        py.detach(|| inner.warm_up(metadata.inner())).map_err(to_py)
+        crate::exit::detach(py, || inner.warm_up(metadata.inner())).map_err(to_py)
     }
 
     /// Peers this connector has loaded, in use or kept idle
@@ -337,7 +338,7 @@ impl PyConnector {
         let py = slf.py();
         let local = lend(py, slf, &descriptors, Access::Read)?;
         let inner = slf.get().inner();
-        let op = py.detach(|| inner.create_readable(local)).map_err(to_py)?;
+        let op = crate::exit::detach(py, || inner.create_readable(local)).map_err(to_py)?;
         Ok(PyOperation::new(AnyOp::Readable(op), descriptors))
     }
 
@@ -349,7 +350,7 @@ impl PyConnector {
         let py = slf.py();
         let local = lend(py, slf, &descriptors, Access::Written)?;
         let inner = slf.get().inner();
-        let op = py.detach(|| inner.create_writable(local)).map_err(to_py)?;
+        let op = crate::exit::detach(py, || inner.create_writable(local)).map_err(to_py)?;
         Ok(PyOperation::new(AnyOp::Writable(op), descriptors))
     }
 
@@ -365,8 +366,7 @@ impl PyConnector {
         let local = lend(py, slf, &descriptors, Access::Written)?;
         let inner = slf.get().inner();
         let count = local.len();
-        let op = py
-            .detach(|| inner.begin_read(metadata.inner(), local))
+        let op = crate::exit::detach(py, || inner.begin_read(metadata.inner(), local))
             .map_err(|e| pairing_error(e, count))?;
         Ok(PyOperation::new(AnyOp::Read(op), descriptors))
     }
@@ -382,8 +382,7 @@ impl PyConnector {
         let local = lend(py, slf, &descriptors, Access::Read)?;
         let inner = slf.get().inner();
         let count = local.len();
-        let op = py
-            .detach(|| inner.begin_write(local, metadata.inner()))
+        let op = crate::exit::detach(py, || inner.begin_write(local, metadata.inner()))
             .map_err(|e| pairing_error(e, count))?;
         Ok(PyOperation::new(AnyOp::Write(op), descriptors))
     }

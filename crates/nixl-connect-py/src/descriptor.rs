@@ -401,7 +401,7 @@ impl PyDescriptor {
         let mut descriptor = self.lend(py, 0, Some(connector))?;
         let connector = connector.get().inner();
         // Registration pins memory: no lock of ours and no GIL held meanwhile.
-        let result = py.detach(|| descriptor.register_memory(connector));
+        let result = crate::exit::detach(py, || descriptor.register_memory(connector));
         self.give_back(descriptor);
         result.map_err(to_py)
     }
@@ -418,7 +418,7 @@ impl PyDescriptor {
             self.give_back(descriptor);
             return Ok(());
         }
-        match py.detach(|| descriptor.into_buffer::<PyMemory>()) {
+        match crate::exit::detach(py, || descriptor.into_buffer::<PyMemory>()) {
             Ok(memory) => {
                 let descriptor = Descriptor::new(memory).map_err(to_py)?;
                 self.give_back(descriptor);

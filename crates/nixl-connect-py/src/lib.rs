@@ -23,6 +23,7 @@ mod connector;
 mod descriptor;
 mod device;
 mod error;
+mod exit;
 mod export;
 mod fork;
 mod held;
@@ -97,6 +98,5 @@ fn set_nixl_log_level(
         }
     };
     runtime::load(py, site_packages)?;
-    py.detach(|| backend_nixl::runtime::set_log_level(level))
-        .map_err(error::to_py)
+    crate::exit::detach(py, || backend_nixl::runtime::set_log_level(level)).map_err(error::to_py)
 }

@@ -23,17 +23,16 @@
 //! defers to a thread holding the GIL). It must never do so once
 //! finalization can have begun: `Python::try_attach` cannot tell (it checks
 //! before `PyGILState_Ensure` takes the GIL, and finalization may begin in
-//! between), and CPython 3.11/3.12 then end the thread with `pthread_exit`,
-//! a forced unwind through Rust frames (a crash), while 3.14 hangs it. So
-//! the package's `atexit` hook, which runs before finalization begins, calls
-//! [`close`]: it waits (without the GIL) for the records queued so far to be
-//! delivered, marks the module closed, and waits for the thread to leave the
-//! interpreter if it was entering it. From then on the thread never
-//! attaches again: the records of the rest of the exit (operations and
-//! connectors torn down while the interpreter finalizes) are written to
-//! stderr by the thread that emits them, if the logger had a handler that
-//! shows records (one that is not a `NullHandler`), and are not built
-//! otherwise, as that configuration would have dropped them.
+//! between; see [`crate::exit`] for what CPython does then). So the
+//! package's `atexit` hook calls [`close`]: it waits (without the GIL) for
+//! the records queued so far to be delivered, marks the module closed, and
+//! waits for the thread to leave the interpreter if it was entering it.
+//! From then on the thread never attaches again: the records of the rest of
+//! the exit (operations and connectors torn down while the interpreter
+//! finalizes) are written to stderr by the thread that emits them, if the
+//! logger had a handler that shows records (one that is not a
+//! `NullHandler`), and are not built otherwise, as that configuration would
+//! have dropped them.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -61,12 +60,10 @@ static QUEUE_TX: OnceLock<SyncSender<Line>> = OnceLock::new();
 static LOGGER: OnceLock<Py<PyAny>> = OnceLock::new();
 static LAST_REFRESH: Mutex<Option<Instant>> = Mutex::new(None);
 static INSTALL: Once = Once::new();
-/// Set by [`close`]: nothing enters the interpreter any more.
-static CLOSED: AtomicBool = AtomicBool::new(false);
 /// Whether the forwarding thread is attached to the interpreter, or about
-/// to be: with [`CLOSED`], a Dekker pair (`SeqCst` on both sides) by which
-/// either the thread sees `CLOSED` or [`close`] sees it attaching and waits
-/// (no lock is held while the GIL is awaited).
+/// to be: with [`crate::exit::closed`], a Dekker pair (`SeqCst` on both
+/// sides) by which either the thread sees the module closed or [`close`]
+/// sees it attaching and waits (no lock is held while the GIL is awaited).
 static ATTACHING: AtomicBool = AtomicBool::new(false);
 /// After [`close`]: records go to stderr rather than being dropped.
 static TO_STDERR: AtomicBool = AtomicBool::new(false);
@@ -156,7 +153,7 @@ impl Subscriber for ToPython {
         let mut text = String::new();
         event.record(&mut Fields(&mut text));
         let _ = write!(text, " [{}]", metadata.target());
-        if CLOSED.load(Ordering::SeqCst) {
+        if crate::exit::closed() {
             // Written by this thread, in order (it holds no lock of the core:
             // a subscriber is never called under one).
             after_close(&Line {
@@ -200,7 +197,11 @@ impl Subscriber for ToPython {
 fn forward(queue: Receiver<Line>) {
     while let Ok(line) = queue.recv() {
         ATTACHING.store(true, Ordering::SeqCst);
-        let line = if CLOSED.load(Ordering::SeqCst) {
+        #[allow(
+            clippy::disallowed_methods,
+            reason = "the one native thread that attaches, checked against `close` by ATTACHING"
+        )]
+        let line = if crate::exit::closed() {
             Some(line)
         } else {
             // `None`: the interpreter is not initialized (any more).
@@ -256,21 +257,18 @@ pub(crate) fn close(py: Python<'_>, to_stderr: bool) {
     // leave the interpreter has no bound (as a handler that blocks would
     // block any logging call): given up early, finalization could begin
     // while it is attached.
-    py.detach(|| {
+    let deliver_queued = move || {
         let queued = QUEUED.load(Ordering::Acquire);
         let started = Instant::now();
         while HANDLED.load(Ordering::Acquire) < queued && started.elapsed() < CLOSE_WAIT {
             std::thread::sleep(Duration::from_millis(1));
         }
         TO_STDERR.store(to_stderr, Ordering::Relaxed);
-        CLOSED.store(true, Ordering::SeqCst);
-        // The thread attaching now saw `CLOSED` false: it gets the GIL
-        // (released here), delivers its record and detaches. Any later one
-        // sees `CLOSED`.
-        while ATTACHING.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    });
+    };
+    // The thread attaching now saw the module open: it gets the GIL
+    // (released by `close`), delivers its record and detaches. Any later
+    // one sees it closed.
+    crate::exit::close(py, deliver_queued, || ATTACHING.load(Ordering::SeqCst));
     if !to_stderr {
         // Dropped anyway: not even built from now on.
         ENABLED.store(0, Ordering::Relaxed);
@@ -319,7 +317,7 @@ pub(crate) fn refresh(py: Python<'_>) -> PyResult<()> {
     let Some(logger) = LOGGER.get() else {
         return Ok(());
     };
-    if CLOSED.load(Ordering::SeqCst) && !TO_STDERR.load(Ordering::Relaxed) {
+    if crate::exit::closed() && !TO_STDERR.load(Ordering::Relaxed) {
         // Records would be dropped: keep building none.
         return Ok(());
     }

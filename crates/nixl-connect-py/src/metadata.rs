@@ -148,7 +148,7 @@ impl PyMetadata {
     #[staticmethod]
     fn from_json(py: Python<'_>, json: JsonText) -> PyResult<PyMetadata> {
         // Decoding inflates the agent blob: no GIL needed for that.
-        py.detach(|| RdmaMetadata::from_slice(json.as_bytes()))
+        crate::exit::detach(py, || RdmaMetadata::from_slice(json.as_bytes()))
             .map(PyMetadata::new)
             .map_err(to_py)
     }
@@ -158,7 +158,7 @@ impl PyMetadata {
     /// validates; `ValueError` on anything else.
     #[staticmethod]
     fn from_json_exact(py: Python<'_>, json: JsonText) -> PyResult<PyMetadata> {
-        py.detach(|| exact_json(json.as_bytes())).map_err(to_py)
+        crate::exit::detach(py, || exact_json(json.as_bytes())).map_err(to_py)
     }
 
     /// `from_json_exact` for a `dict` (what `model_validate` gets): only

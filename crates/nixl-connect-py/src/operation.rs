@@ -350,7 +350,7 @@ impl PyOperation {
     fn cancel(&self, py: Python<'_>) -> PyResult<()> {
         fork::check()?;
         if let Some(op) = self.shared() {
-            py.detach(|| op.cancel());
+            crate::exit::detach(py, || op.cancel());
         }
         self.reclaim();
         Ok(())
@@ -403,7 +403,7 @@ impl PyOperation {
                 }
                 None => SIGNAL_CHECK,
             };
-            match py.detach(|| op.wait_timeout(chunk)) {
+            match crate::exit::detach(py, || op.wait_timeout(chunk)) {
                 Ok(()) | Err(Error::Cancelled) | Err(Error::TransferFailed { .. }) => {}
                 Err(Error::TimedOut(_)) => py.check_signals()?,
                 Err(e) => return Err(to_py(e)),
@@ -430,7 +430,7 @@ impl PyOperation {
         if !op.is_active() {
             return Ok(false);
         }
-        match py.detach(|| op.wait_timeout(window)) {
+        match crate::exit::detach(py, || op.wait_timeout(window)) {
             Ok(()) | Err(Error::Cancelled) | Err(Error::TransferFailed { .. }) => Ok(true),
             Err(Error::TimedOut(_)) => Ok(false),
             Err(e) => Err(to_py(e)),

@@ -191,7 +191,7 @@ impl PyRegisteredMemory {
         // from the object `source.keep_alive` keeps alive (see `PyMemory`).
         let memory = unsafe { PyMemory::new(py, &self.source, Arc::new(())) };
         let core = connector.get().inner().clone();
-        let made = match py.detach(move || RegisteredMemory::new(&core, memory)) {
+        let made = match crate::exit::detach(py, move || RegisteredMemory::new(&core, memory)) {
             Ok(made) => made,
             // A backend that refuses registering the same memory twice
             // (NIXL from PR #1773 on) refuses this one if another thread's
@@ -212,7 +212,7 @@ impl PyRegisteredMemory {
                 tracing::debug!("two threads registered one pool at once; one registration ended");
             }
             // Its drop deregisters: no lock of ours is held.
-            py.detach(move || drop(lost.memory));
+            crate::exit::detach(py, move || drop(lost.memory));
             drop(lost.connector);
         }
         match self.registered.get() {

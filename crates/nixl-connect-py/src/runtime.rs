@@ -27,8 +27,10 @@ pub(crate) fn load(py: Python<'_>, site_packages: Option<Vec<PathBuf>>) -> PyRes
         Some(given) => given,
         None => search_paths(py)?,
     };
-    py.detach(|| backend_nixl::runtime::load_preferring(&site_packages))
-        .map_err(error::to_py)
+    crate::exit::detach(py, || {
+        backend_nixl::runtime::load_preferring(&site_packages)
+    })
+    .map_err(error::to_py)
 }
 
 /// `nixl_connect._search_paths()`.
