@@ -749,8 +749,9 @@ class RegisteredMemory:
     descriptors never overlap. An operation holds a descriptor's bytes until
     the backend let go of them, even after the Python objects are gone (a
     cancelled transfer still draining, or a NIXL exposure leaked by a cancel):
-    a new descriptor of those bytes is then refused by operations ("in
-    use") until they come back.
+    those bytes are then neither counted in `free` nor described again
+    (``ValueError``: "still held by an operation") until they come back, by
+    themselves once the backend let go (never, for a leaked exposure).
     """
 
     __slots__ = ("_native", "_flat", "__weakref__")
@@ -791,7 +792,8 @@ class RegisteredMemory:
 
     @property
     def free(self) -> int:
-        """Bytes no live descriptor owns (blocks, for a `BlockPool`)."""
+        """Bytes no live descriptor owns and no operation holds (blocks, for a
+        `BlockPool`)."""
         return self._native.free
 
     def register_with_connector(self, connection: Connection | Connector) -> None:

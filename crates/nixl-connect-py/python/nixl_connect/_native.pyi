@@ -245,7 +245,7 @@ class RegisteredMemory:
 
     @property
     def free(self) -> int:
-        """Blocks (block pools) or bytes no live descriptor owns."""
+        """Blocks (block pools) or bytes no live descriptor owns and no operation holds."""
 
     @property
     def is_registered(self) -> bool:
