@@ -44,7 +44,7 @@ import zlib
 from abc import ABC, abstractmethod
 from enum import IntEnum
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, List, Optional, cast
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
@@ -1665,11 +1665,11 @@ def _agent_name(nixl_metadata: bytes | str) -> str:
 # abort a posted one) before it raises `_native.MemoryBusy` (a ValueError).
 _BUSY_WAIT = 10.0
 
-_Made = Any
+_Made = TypeVar("_Made")
 
 
-async def _when_let_go(make: Any) -> _Made:
-    """`make()` once no earlier operation may still write the memory it
+async def _when_let_go(make: Callable[..., _Made], *args: Any) -> _Made:
+    """`make(*args)` once no earlier operation may still write the memory it
     describes (see `_native.MemoryBusy`), retried with a growing pause for
     up to `_BUSY_WAIT` seconds; then the last `MemoryBusy` is raised."""
     loop = asyncio.get_running_loop()
@@ -1678,7 +1678,7 @@ async def _when_let_go(make: Any) -> _Made:
     while True:
         await asyncio.sleep(pause)
         try:
-            return make()
+            return make(*args)
         except _native.MemoryBusy:
             if loop.time() >= deadline:
                 raise
@@ -1914,12 +1914,7 @@ class Connector:
         try:
             return ReadOperation(connection, remote_metadata, local_descriptors)
         except _native.MemoryBusy:
-            return cast(
-                ReadOperation,
-                await _when_let_go(
-                    lambda: ReadOperation(connection, remote_metadata, local_descriptors)
-                ),
-            )
+            return await _when_let_go(ReadOperation, connection, remote_metadata, local_descriptors)
 
     async def begin_write(
         self,
@@ -1946,12 +1941,7 @@ class Connector:
         try:
             return WriteOperation(connection, local_descriptors, remote_metadata)
         except _native.MemoryBusy:
-            return cast(
-                WriteOperation,
-                await _when_let_go(
-                    lambda: WriteOperation(connection, local_descriptors, remote_metadata)
-                ),
-            )
+            return await _when_let_go(WriteOperation, connection, local_descriptors, remote_metadata)
 
     async def create_readable(
         self, local_descriptors: Descriptor | list[Descriptor]
@@ -1963,10 +1953,7 @@ class Connector:
         try:
             return ReadableOperation(connection, local_descriptors)
         except _native.MemoryBusy:
-            return cast(
-                ReadableOperation,
-                await _when_let_go(lambda: ReadableOperation(connection, local_descriptors)),
-            )
+            return await _when_let_go(ReadableOperation, connection, local_descriptors)
 
     async def create_writable(
         self, local_descriptors: Descriptor | list[Descriptor]
@@ -1978,10 +1965,7 @@ class Connector:
         try:
             return WritableOperation(connection, local_descriptors)
         except _native.MemoryBusy:
-            return cast(
-                WritableOperation,
-                await _when_let_go(lambda: WritableOperation(connection, local_descriptors)),
-            )
+            return await _when_let_go(WritableOperation, connection, local_descriptors)
 
 
 # `Connector`'s own `_create_connection`: while a connector's class keeps it,
