@@ -21,7 +21,7 @@ use nixl_sys::{
 
 use crate::agent_metadata::{self, AgentMetadata};
 use crate::backend::NixlBackend;
-use crate::peers::{Plan, Spans};
+use crate::peers::{Peers, Plan, Spans};
 use crate::route::{self, LoadOutcome, Notifier, NotifierLoad, Poster};
 use crate::tuning::Notifications;
 
@@ -247,18 +247,18 @@ impl NixlBackend {
             .plan(md, &own)
             .map_err(|reason| Error::backend(NAME, format!("load peer {:?}", md.name), reason))?;
         match plan {
-            Plan::Loaded => {}
-            Plan::Merge { nixl_name } => {
-                let blob = md.to_blob(&nixl_name);
-                if let Err(error) = self.load(&blob, &md.name, &nixl_name) {
-                    self.refused(&md.name, &nixl_name, &own);
-                    return Err(error);
+            Plan::Loaded => lock(&self.peers).found(md),
+            Plan::Merge { nixl_name } => self.merge(md, &nixl_name, &own)?,
+            Plan::Rename {
+                nixl_name,
+                md: all,
+                compacting,
+            } => {
+                if compacting {
+                    tracing::debug!(peer = %md.name, %nixl_name, regions = all.regions().count(), "the peer's record holds mostly regions it no longer publishes: loading its recent ones under a new name");
+                } else {
+                    tracing::info!(peer = %md.name, %nixl_name, "the peer changed the key of a region NIXL holds: loading it under a new name");
                 }
-                lock(&self.peers).merged(md, &nixl_name);
-                self.load_notifier(&md.name, &nixl_name, &blob);
-            }
-            Plan::Rename { nixl_name, md: all } => {
-                tracing::info!(peer = %md.name, %nixl_name, "the peer changed the key of a region NIXL holds: loading it under a new name");
                 let blob = all.to_blob(&nixl_name);
                 if let Err(error) = self.load(&blob, &md.name, &nixl_name) {
                     // The peer's old name is untouched; the new one is not
@@ -271,13 +271,52 @@ impl NixlBackend {
                     {
                         lock(&self.peers).poison(&nixl_name);
                     }
-                    return Err(error);
+                    if !compacting {
+                        return Err(error);
+                    }
+                    // Compacting is an economy: the blob is merged instead.
+                    tracing::debug!(peer = %md.name, %error, "compacting the peer's record failed");
+                    let current = {
+                        let mut peers = lock(&self.peers);
+                        peers.compaction_refused(&md.name);
+                        peers.nixl_name(&md.name).unwrap_or(&md.name).to_owned()
+                    };
+                    self.merge(md, &current, &own)?;
+                } else {
+                    lock(&self.peers).renamed(&all, &nixl_name);
+                    // Seen now: the regions of this blob are the latest.
+                    lock(&self.peers).found(md);
+                    self.load_notifier(&md.name, &nixl_name, &blob);
                 }
-                lock(&self.peers).renamed(&all, &nixl_name);
-                self.load_notifier(&md.name, &nixl_name, &blob);
             }
         }
+        self.retire(&md.name);
         Ok(())
+    }
+
+    /// Gives `md` to NIXL under `nixl_name` ([`Plan::Merge`]).
+    fn merge(&self, md: &AgentMetadata, nixl_name: &str, own: &[&str]) -> Result<()> {
+        let blob = md.to_blob(nixl_name);
+        if let Err(error) = self.load(&blob, &md.name, nixl_name) {
+            self.refused(&md.name, nixl_name, own);
+            return Err(error);
+        }
+        lock(&self.peers).merged(md, nixl_name);
+        self.load_notifier(&md.name, nixl_name, &blob);
+        Ok(())
+    }
+
+    /// Unloads `peer`'s earlier names that no posted transfer uses any more
+    /// ([`Peers::retire`](crate::peers::Peers::retire)); a name whose
+    /// unload failed is never loaded again.
+    fn retire(&self, peer: &str) {
+        let retired = lock(&self.peers).retire(peer);
+        for name in retired {
+            if let Err(error) = self.unload_name(&name) {
+                tracing::debug!(%peer, %name, %error, "an earlier name of the peer was not unloaded");
+                lock(&self.peers).poison(&name);
+            }
+        }
     }
 
     /// Unloads every name NIXL knows the peer by (its earlier ones too).
@@ -340,11 +379,6 @@ impl NixlBackend {
             own.push(initiator_name(&self.name));
         }
         own
-    }
-
-    /// The name NIXL knows `peer` by.
-    pub(crate) fn nixl_name(&self, peer: &str) -> String {
-        lock(&self.peers).nixl_name(peer).unwrap_or(peer).to_owned()
     }
 
     /// Loads `blob`, the metadata of `peer` written under `nixl_name`, into
@@ -440,7 +474,9 @@ impl NixlBackend {
     /// (docs/decisions/0008-no-proactive-make-connection.md). A peer with no
     /// host region (only GPU memory) is only loaded.
     pub fn warm_up(&self, peer: &str) -> Result<()> {
-        let nixl_peer = self.nixl_name(peer);
+        // Counted in flight (see `Peers::posting`) until it returns.
+        let (posting, _) = Peers::posting(&self.peers, peer, false);
+        let nixl_peer = posting.name().to_owned();
         let Some(md) = lock(&self.peers).recorded(peer) else {
             return Ok(());
         };

@@ -133,7 +133,7 @@ impl RegistrationBackend for NixlBackend {
     /// NIXL cannot bind an exposure to a notification key (`_key` is
     /// unused), nor to part of a registration: a peer that loads the blob
     /// may reach the whole of each region holding an exposed range
-    /// ([`MetadataScope::Exposed`]: those regions; `Agent`: every region).
+    /// (either [`MetadataScope`]: those regions only).
     unsafe fn expose(
         &self,
         ranges: &[Exposed],
@@ -219,11 +219,10 @@ impl RegistrationBackend for NixlBackend {
                 request.peer
             )
         };
-        let (nixl_peer, spans) = {
-            let peers = lock(&self.peers);
-            let name = peers.nixl_name(request.peer).unwrap_or(request.peer);
-            (name.to_owned(), peers.spans(request.peer))
-        };
+        // Counted in flight against its NIXL name until released, so that
+        // an earlier name of the peer is unloaded only once unused.
+        let (posting, spans) = Peers::posting(&self.peers, request.peer, request.remote.len() > 1);
+        let nixl_peer = posting.name().to_owned();
         // Neighbouring pairs go as one descriptor: NIXL's `create_xfer_req`
         // does not merge them, and a request's cost grows with its
         // descriptors (docs/decisions/0011-registered-memory-and-views.md).
@@ -278,6 +277,7 @@ impl RegistrationBackend for NixlBackend {
         });
         lock(&self.live.transfers)
             .insert(id, Transfer::new(xfer, route, nixl_peer, post_error, apart));
+        posting.keep();
         // Done at once: recorded, and a notification to send goes out now. A
         // failed post is reported once NIXL says the request is idle.
         let state = done
@@ -334,7 +334,11 @@ impl RegistrationBackend for NixlBackend {
             }
             Some(_) => {}
         }
-        lock(&self.live.transfers).remove(&transfer.0);
+        let removed = lock(&self.live.transfers).remove(&transfer.0);
+        if let Some(t) = &removed {
+            lock(&self.peers).posted(&t.peer);
+        }
+        drop(removed);
         Ok(Release::LetGo)
     }
 

@@ -24,15 +24,29 @@
 //! notification names its sender, not its receiver.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use descriptor_core::{DeviceKind, Segment};
 
 use crate::agent_metadata::{AgentMetadata, Conn, RegionKey};
+use crate::agents::lock;
 
 /// NIXL names one peer may hold before it is unloaded: its keys changed this
-/// often while operations used it. Each holds a UCX endpoint to the peer.
+/// often while transfers used its earlier names. Each holds a UCX endpoint to
+/// the peer.
 pub(crate) const MAX_NAMES_PER_PEER: usize = 16;
+
+/// Regions a peer's record holds before this backend looks for regions the
+/// peer no longer publishes (see [`RECENT_LOADS`]).
+pub(crate) const COMPACT_FLOOR: usize = 4096;
+
+/// How many of a peer's latest loaded blobs the regions kept in its record
+/// come from, when the record is compacted. The core's remote cache loads a
+/// blob it remembers no more (it remembers the peer's 16 latest), and an
+/// operation posts right after it loaded its blob: a region seen in the last
+/// this many loads is kept, so no remembered blob, nor one just loaded by an
+/// operation about to post, lacks its regions.
+pub(crate) const RECENT_LOADS: u64 = 64;
 
 /// The peers, by their own names.
 #[derive(Debug, Default)]
@@ -41,66 +55,212 @@ pub(crate) struct Peers {
     /// Names NIXL may keep a connection for after erasing their entries:
     /// never used again by this backend's agents.
     poisoned: HashSet<String>,
+    /// Transfers posted and not yet released, by the NIXL name they were
+    /// posted against: a peer's earlier name is unloaded only once none
+    /// uses it ([`Peers::retire`]).
+    in_flight: HashMap<String, usize>,
 }
 
+/// A transfer about to be created against a NIXL name, counted in flight
+/// ([`Peers::posting`]): dropped, it is counted out; kept, it stays counted
+/// until the transfer is released ([`Peers::posted`]).
+pub(crate) struct Posting<'a> {
+    peers: &'a Mutex<Peers>,
+    name: String,
+    armed: bool,
+}
+
+impl Posting<'_> {
+    /// The NIXL name to post against.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The transfer is recorded: counted out when it is released.
+    pub(crate) fn keep(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Posting<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            lock(self.peers).posted(&self.name);
+        }
+    }
+}
+
+/// Why the record: a long-lived client of a server that registers fresh
+/// buffers per operation loads a new region per operation, and deregistered
+/// regions are never announced. So the record keeps what the peer's latest
+/// blobs hold and, once it holds more than twice that (and at least
+/// [`COMPACT_FLOOR`] regions), the next load renames the peer with only
+/// those ([`Plan::Rename`] with `compacting`): NIXL's sections and the
+/// record stay bounded, and every per-load cost is the new blob's, not the
+/// history's (issue 48).
 #[derive(Debug)]
 struct Peer {
     /// The name both agents know the peer by now.
     nixl_name: String,
     /// Whether NIXL holds `conns` and `regions` under `nixl_name`.
     loaded: bool,
-    /// Earlier names, unloaded with the peer.
+    /// Earlier names, unloaded with the peer, or once no transfer uses them.
     stale: Vec<String>,
     conns: Vec<Conn>,
-    regions: BTreeMap<RegionKey, Vec<u8>>,
-    /// Where `regions` lie, for merging a transfer's pairs.
+    regions: BTreeMap<RegionKey, Recorded>,
+    /// Where `regions` lie, for merging a transfer's pairs; kept up to date
+    /// as regions are added, rebuilt only when regions are dropped.
     spans: Arc<Spans>,
+    /// Blobs of the peer loaded (or found loaded) so far.
+    loads: u64,
+    /// Record size at which to count the regions recently seen again.
+    check_at: usize,
+    /// The record holds more than twice the regions recently seen: the next
+    /// load renames the peer with only those.
+    compact: bool,
+}
+
+/// A region NIXL holds for a peer.
+#[derive(Debug, Clone)]
+struct Recorded {
+    /// NIXL's key bytes of the region.
+    key: Vec<u8>,
+    /// The peer's [`Peer::loads`] when a blob last held it.
+    seen: u64,
 }
 
 impl Peer {
-    /// `regions` changed: index them again.
+    fn new(nixl_name: &str) -> Peer {
+        Peer {
+            nixl_name: nixl_name.to_owned(),
+            loaded: true,
+            stale: Vec::new(),
+            conns: Vec::new(),
+            regions: BTreeMap::new(),
+            spans: Arc::default(),
+            loads: 0,
+            check_at: COMPACT_FLOOR,
+            compact: false,
+        }
+    }
+
+    /// `regions` lost some: index them again.
     fn reindex(&mut self) {
         self.spans = Arc::new(Spans::new(self.regions.keys()));
+        self.check_at = COMPACT_FLOOR.max(2 * self.regions.len());
+        self.compact = false;
+    }
+
+    /// Whether the region was in one of the [`RECENT_LOADS`] latest blobs.
+    fn recent(&self, r: &Recorded) -> bool {
+        r.seen.saturating_add(RECENT_LOADS) > self.loads
+    }
+
+    /// A blob holding `md`'s regions was loaded: adds the new ones, marks
+    /// all seen, and checks (amortized: when the record doubled) whether the
+    /// record should be compacted.
+    fn seen(&mut self, md: &AgentMetadata) {
+        self.loads += 1;
+        let loads = self.loads;
+        let spans = Arc::make_mut(&mut self.spans);
+        for (key, bytes) in md.regions() {
+            match self.regions.get_mut(&key) {
+                Some(r) => {
+                    r.seen = loads;
+                    if r.key.as_slice() != bytes {
+                        r.key = bytes.to_vec();
+                    }
+                }
+                None => {
+                    spans.insert(&key);
+                    self.regions.insert(
+                        key,
+                        Recorded {
+                            key: bytes.to_vec(),
+                            seen: loads,
+                        },
+                    );
+                }
+            }
+        }
+        if self.regions.len() > self.check_at && !self.compact {
+            let recent = self.regions.values().filter(|r| self.recent(r)).count();
+            if self.regions.len() > 2 * recent {
+                self.compact = true;
+            } else {
+                self.check_at = 2 * self.regions.len();
+            }
+        }
+    }
+
+    /// The record's regions as [`AgentMetadata::from_parts`] takes them:
+    /// all, or only the recently seen ones.
+    fn parts(&self, only_recent: bool) -> BTreeMap<RegionKey, Vec<u8>> {
+        self.regions
+            .iter()
+            .filter(|(_, r)| !only_recent || self.recent(r))
+            .map(|(k, r)| (k.clone(), r.key.clone()))
+            .collect()
     }
 }
 
 /// Where a peer's registrations lie, by NIXL memory type and device: tells
 /// whether two ranges of a transfer lie in one registration, so that they
 /// may go to NIXL as one descriptor (a descriptor across two is refused).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct Spans {
-    kinds: Vec<(MemKind, Reach)>,
+    kinds: BTreeMap<MemKind, Frontier>,
 }
 
 /// NIXL's memory type and device id.
 type MemKind = (u32, u64);
 
-/// Registrations' starts, sorted, each with the furthest end of the
-/// registrations starting at or before it.
-type Reach = Vec<(u64, u64)>;
+/// The registrations of one kind that no other contains, by start: their
+/// starts and their ends both strictly increase, so the last one starting at
+/// or before an address reaches furthest of all starting there or before. A
+/// registration another contains answers no question the other does not.
+#[derive(Debug, Default, Clone)]
+struct Frontier(BTreeMap<u64, u64>);
+
+impl Frontier {
+    /// Adds `[start, end)`: dropped if one held contains it, else held, and
+    /// the ones it contains (which follow it, by start) dropped.
+    fn insert(&mut self, start: u64, end: u64) {
+        if self.reach(start).is_some_and(|e| e >= end) {
+            return;
+        }
+        let contained: Vec<u64> = self
+            .0
+            .range(start..)
+            .take_while(|&(_, &e)| e <= end)
+            .map(|(&s, _)| s)
+            .collect();
+        for s in contained {
+            self.0.remove(&s);
+        }
+        self.0.insert(start, end);
+    }
+
+    /// The furthest end of the registrations starting at or before `at`.
+    fn reach(&self, at: u64) -> Option<u64> {
+        self.0.range(..=at).next_back().map(|(_, &e)| e)
+    }
+}
 
 impl Spans {
     fn new<'a>(regions: impl Iterator<Item = &'a RegionKey>) -> Spans {
-        let mut by_kind: BTreeMap<MemKind, Reach> = BTreeMap::new();
+        let mut spans = Spans::default();
         for key in regions {
-            by_kind
-                .entry((key.mem, key.dev))
-                .or_default()
-                .push((key.addr, key.addr.saturating_add(key.len)));
+            spans.insert(key);
         }
-        let kinds = by_kind
-            .into_iter()
-            .map(|(kind, mut spans)| {
-                spans.sort_unstable();
-                let mut furthest = 0;
-                for span in &mut spans {
-                    furthest = furthest.max(span.1);
-                    span.1 = furthest;
-                }
-                (kind, spans)
-            })
-            .collect();
-        Spans { kinds }
+        spans
+    }
+
+    fn insert(&mut self, key: &RegionKey) {
+        self.kinds
+            .entry((key.mem, key.dev))
+            .or_default()
+            .insert(key.addr, key.addr.saturating_add(key.len));
     }
 
     /// Whether one registration holds every byte from `a`'s start through
@@ -124,27 +284,30 @@ impl Spans {
         ) else {
             return false;
         };
-        let Some((_, spans)) = self.kinds.iter().find(|(k, _)| *k == kind) else {
-            return false;
-        };
-        let before = spans.partition_point(|&(s, _)| s <= start);
-        before.checked_sub(1).is_some_and(|i| spans[i].1 >= end)
+        self.kinds
+            .get(&kind)
+            .and_then(|f| f.reach(start))
+            .is_some_and(|reach| reach >= end)
     }
 }
 
 /// How to load a peer's blob.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Plan {
-    /// NIXL holds everything the blob holds: no call.
+    /// NIXL holds everything the blob holds: no call ([`Peers::found`]).
     Loaded,
     /// Give the blob to NIXL under `nixl_name` (the peer's NIXL name, or the
     /// name for a peer not loaded).
     Merge { nixl_name: String },
-    /// A key changed: give `md` (all the peer had, the blob's keys winning)
-    /// to NIXL under a new name.
+    /// Give `md` to NIXL under a new name: a key changed (all the peer had,
+    /// the blob's keys winning), or `compacting`: the record holds more than
+    /// twice the regions of the peer's recent blobs, and `md` holds only
+    /// those and the blob's. A compaction NIXL refuses is not an error: the
+    /// blob is merged instead ([`Peers::compaction_refused`]).
     Rename {
         nixl_name: String,
         md: AgentMetadata,
+        compacting: bool,
     },
 }
 
@@ -171,9 +334,65 @@ impl Peers {
             .map(|p| Arc::clone(&p.spans))
     }
 
+    /// A transfer (or warm-up READ) to `peer` is about to be created: the
+    /// NIXL name to post it against, counted in flight until the returned
+    /// [`Posting`] is dropped (kept: until [`Peers::posted`]), and, if
+    /// `spans`, where the peer's registrations lie (asked only for a request
+    /// of several descriptors: a shared index is copied when a load adds to
+    /// it).
+    pub(crate) fn posting<'a>(
+        peers: &'a Mutex<Peers>,
+        peer: &str,
+        spans: bool,
+    ) -> (Posting<'a>, Option<Arc<Spans>>) {
+        let mut this = lock(peers);
+        let name = this.nixl_name(peer).unwrap_or(peer).to_owned();
+        let spans = if spans { this.spans(peer) } else { None };
+        *this.in_flight.entry(name.clone()).or_default() += 1;
+        drop(this);
+        (
+            Posting {
+                peers,
+                name,
+                armed: true,
+            },
+            spans,
+        )
+    }
+
+    /// A transfer whose [`Posting`] was kept, posted against `nixl_name`,
+    /// was released.
+    pub(crate) fn posted(&mut self, nixl_name: &str) {
+        if let Some(n) = self.in_flight.get_mut(nixl_name) {
+            *n -= 1;
+            if *n == 0 {
+                self.in_flight.remove(nixl_name);
+            }
+        }
+    }
+
+    /// `peer`'s earlier names that no transfer uses: forgotten here, for the
+    /// caller to unload (and to poison, if the unload fails).
+    pub(crate) fn retire(&mut self, peer: &str) -> Vec<String> {
+        let Some(p) = self.peers.get_mut(peer) else {
+            return Vec::new();
+        };
+        if p.stale.is_empty() {
+            return Vec::new();
+        }
+        let in_flight = &self.in_flight;
+        let (busy, idle) = std::mem::take(&mut p.stale)
+            .into_iter()
+            .partition(|name| in_flight.contains_key(name));
+        p.stale = busy;
+        idle
+    }
+
     /// How to load `md`. `own` are this backend's agents' names: a blob
     /// naming one is given to NIXL as it is (NIXL refuses an agent loading
-    /// itself). Err if the peer holds [`MAX_NAMES_PER_PEER`] names.
+    /// itself). Err if the peer holds [`MAX_NAMES_PER_PEER`] names. Costs
+    /// the blob's size (times the log of the record's), not the record's,
+    /// unless it renames.
     pub(crate) fn plan(&self, md: &AgentMetadata, own: &[&str]) -> Result<Plan, String> {
         if own.contains(&md.name.as_str()) {
             return Ok(Plan::Merge {
@@ -204,19 +423,28 @@ impl Peers {
         let mut new_regions = false;
         for (key, bytes) in md.regions() {
             match peer.regions.get(&key) {
-                Some(known) if known.as_slice() != bytes => changed = true,
+                Some(known) if known.key.as_slice() != bytes => changed = true,
                 Some(_) => {}
                 None => new_regions = true,
             }
         }
+        let capped = peer.stale.len() + 1 >= MAX_NAMES_PER_PEER;
         if !changed {
+            if peer.compact && !capped && (new_regions || !new_conns.is_empty()) {
+                let nixl_name = self.fresh_name(&md.name, own);
+                return Ok(Plan::Rename {
+                    md: renamed_md(md, peer, new_conns, true),
+                    nixl_name,
+                    compacting: true,
+                });
+            }
             return Ok(if new_conns.is_empty() && !new_regions {
                 Plan::Loaded
             } else {
                 merge
             });
         }
-        if peer.stale.len() + 1 >= MAX_NAMES_PER_PEER {
+        if capped {
             return Err(format!(
                 "peer {:?} changed the keys of regions it had published {} times while in use; \
                  it is loaded again once no operation uses it",
@@ -224,36 +452,45 @@ impl Peers {
                 peer.stale.len() + 1
             ));
         }
-        let mut conns = peer.conns.clone();
-        conns.extend(new_conns);
-        let mut regions = peer.regions.clone();
-        regions.extend(md.regions().map(|(key, bytes)| (key, bytes.to_vec())));
         let nixl_name = self.fresh_name(&md.name, own);
         Ok(Plan::Rename {
-            md: AgentMetadata::from_parts(&md.name, conns, &regions),
+            md: renamed_md(md, peer, new_conns, peer.compact),
             nixl_name,
+            compacting: false,
         })
+    }
+
+    /// NIXL held all of `md` already ([`Plan::Loaded`]): its regions count
+    /// as seen.
+    pub(crate) fn found(&mut self, md: &AgentMetadata) {
+        if let Some(peer) = self.peers.get_mut(&md.name).filter(|p| p.loaded) {
+            peer.seen(md);
+        }
     }
 
     /// NIXL took `md` under `nixl_name` ([`Plan::Merge`]).
     pub(crate) fn merged(&mut self, md: &AgentMetadata, nixl_name: &str) {
-        let peer = self.peers.entry(md.name.clone()).or_insert_with(|| Peer {
-            nixl_name: nixl_name.to_owned(),
-            loaded: true,
-            stale: Vec::new(),
-            conns: Vec::new(),
-            regions: BTreeMap::new(),
-            spans: Arc::default(),
-        });
+        let peer = self
+            .peers
+            .entry(md.name.clone())
+            .or_insert_with(|| Peer::new(nixl_name));
         peer.loaded = true;
         for conn in &md.conns {
             if !peer.conns.iter().any(|c| c.backend == conn.backend) {
                 peer.conns.push(conn.clone());
             }
         }
-        peer.regions
-            .extend(md.regions().map(|(key, bytes)| (key, bytes.to_vec())));
-        peer.reindex();
+        peer.seen(md);
+    }
+
+    /// NIXL refused a compacting [`Plan::Rename`] (and kept the peer's
+    /// current name, untouched): no compaction is tried again before the
+    /// record doubles.
+    pub(crate) fn compaction_refused(&mut self, peer: &str) {
+        if let Some(p) = self.peers.get_mut(peer) {
+            p.compact = false;
+            p.check_at = 2 * p.regions.len();
+        }
     }
 
     /// NIXL took `md`, all the peer's metadata, under `nixl_name`
@@ -264,7 +501,21 @@ impl Peers {
             let old = std::mem::replace(&mut peer.nixl_name, nixl_name.to_owned());
             peer.stale.push(old);
             peer.conns = md.conns.clone();
-            peer.regions = md.regions().map(|(k, v)| (k, v.to_vec())).collect();
+            let loads = peer.loads;
+            let regions = md
+                .regions()
+                .map(|(k, v)| {
+                    let seen = peer.regions.get(&k).map_or(loads, |r| r.seen);
+                    (
+                        k,
+                        Recorded {
+                            key: v.to_vec(),
+                            seen,
+                        },
+                    )
+                })
+                .collect();
+            peer.regions = regions;
             peer.reindex();
             peer.loaded = true;
         }
@@ -276,7 +527,7 @@ impl Peers {
     pub(crate) fn recorded(&self, peer: &str) -> Option<AgentMetadata> {
         let p = self.peers.get(peer).filter(|p| p.loaded)?;
         (p.stale.len() + 1 < MAX_NAMES_PER_PEER)
-            .then(|| AgentMetadata::from_parts(peer, p.conns.clone(), &p.regions))
+            .then(|| AgentMetadata::from_parts(peer, p.conns.clone(), &p.parts(false)))
     }
 
     /// NIXL holds nothing for `peer` any more (it erased it, and loading what
@@ -336,6 +587,22 @@ impl Peers {
     }
 }
 
+/// What a [`Plan::Rename`] of `peer` loads: its connections with
+/// `new_conns`, its regions (only the recently seen ones if `only_recent`)
+/// with `md`'s, `md`'s keys winning.
+fn renamed_md(
+    md: &AgentMetadata,
+    peer: &Peer,
+    new_conns: Vec<Conn>,
+    only_recent: bool,
+) -> AgentMetadata {
+    let mut conns = peer.conns.clone();
+    conns.extend(new_conns);
+    let mut regions = peer.parts(only_recent);
+    regions.extend(md.regions().map(|(key, bytes)| (key, bytes.to_vec())));
+    AgentMetadata::from_parts(&md.name, conns, &regions)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -391,7 +658,9 @@ mod tests {
     fn a_changed_key_loads_everything_with_the_new_key_under_a_new_name() {
         let mut peers = Peers::default();
         peers.merged(&md("p", 1, &[(0x1000, 7), (0x2000, 8)]), "p");
-        let Ok(Plan::Rename { nixl_name, md: all }) = peers.plan(&md("p", 1, &[(0x2000, 9)]), OWN)
+        let Ok(Plan::Rename {
+            nixl_name, md: all, ..
+        }) = peers.plan(&md("p", 1, &[(0x2000, 9)]), OWN)
         else {
             panic!("no rename");
         };
@@ -458,7 +727,7 @@ mod tests {
         peers.merged(&md("p", 1, &[(0x1000, 0)]), "p");
         for key in 1.. {
             match peers.plan(&md("p", 1, &[(0x1000, key)]), OWN) {
-                Ok(Plan::Rename { nixl_name, md }) => peers.renamed(&md, &nixl_name),
+                Ok(Plan::Rename { nixl_name, md, .. }) => peers.renamed(&md, &nixl_name),
                 Err(why) => {
                     assert!(why.contains("changed the keys"), "{why}");
                     assert_eq!(usize::from(key), MAX_NAMES_PER_PEER);
@@ -544,5 +813,135 @@ mod tests {
             .map(|run| (run.remote, run.count))
             .collect();
         assert_eq!(runs, [(host(base, 2 * B), 2), (host(base + 2 * B, B), 1)]);
+    }
+
+    /// A fresh region per blob (a server registering a new buffer per
+    /// operation): the record, NIXL's names and the index stay bounded, and
+    /// the regions of the recent blobs (those the core's cache may not load
+    /// again) stay in the record.
+    #[test]
+    fn a_record_of_fresh_regions_stays_bounded() {
+        let mut peers = Peers::default();
+        let blob = |i: u64| md("p", 1, &[(0x1000 * (i + 1), 7)]);
+        let mut compactions = 0;
+        for i in 0..5 * COMPACT_FLOOR as u64 {
+            let b = blob(i);
+            match peers.plan(&b, OWN) {
+                Ok(Plan::Merge { nixl_name }) => peers.merged(&b, &nixl_name),
+                Ok(Plan::Rename {
+                    nixl_name,
+                    md,
+                    compacting: true,
+                }) => {
+                    compactions += 1;
+                    assert!(md.regions().count() <= RECENT_LOADS as usize + 1);
+                    peers.renamed(&md, &nixl_name);
+                    peers.found(&b);
+                    let retired = peers.retire("p");
+                    assert_eq!(retired.len(), 1, "{retired:?}");
+                }
+                other => panic!("{i}: {other:?}"),
+            }
+            let p = &peers.peers["p"];
+            assert!(
+                p.regions.len() <= 2 * COMPACT_FLOOR + 1,
+                "{i}: {}",
+                p.regions.len()
+            );
+            let indexed: usize = p.spans.kinds.values().map(|f| f.0.len()).sum();
+            assert_eq!(indexed, p.regions.len());
+            assert!(p.stale.is_empty());
+            for back in 0..(16.min(i)) {
+                assert_eq!(
+                    peers.plan(&blob(i - back), OWN),
+                    Ok(Plan::Loaded),
+                    "{i} {back}"
+                );
+            }
+        }
+        assert!(compactions >= 2, "{compactions}");
+        // The names cycle: a retired name is free again.
+        assert!(matches!(peers.nixl_name("p"), Some("p" | "p#1")));
+    }
+
+    /// A transfer posted against a name keeps it loaded after a rename;
+    /// released, the name is retired (for the caller to unload).
+    #[test]
+    fn an_earlier_name_is_retired_only_once_no_transfer_uses_it() {
+        let peers = Mutex::new(Peers::default());
+        lock(&peers).merged(&md("p", 1, &[(0x1000, 7)]), "p");
+        let (posting, spans) = Peers::posting(&peers, "p", true);
+        assert_eq!(posting.name(), "p");
+        assert!(spans.is_some());
+        posting.keep();
+        // A posting dropped before its transfer was recorded counts out.
+        drop(Peers::posting(&peers, "p", false));
+        let changed = md("p", 1, &[(0x1000, 8)]);
+        let Ok(Plan::Rename { nixl_name, md, .. }) = lock(&peers).plan(&changed, OWN) else {
+            panic!("no rename");
+        };
+        lock(&peers).renamed(&md, &nixl_name);
+        assert!(lock(&peers).retire("p").is_empty());
+        let (next, _) = Peers::posting(&peers, "p", false);
+        assert_eq!(next.name(), "p#1");
+        drop(next);
+        lock(&peers).posted("p");
+        assert_eq!(lock(&peers).retire("p"), ["p"]);
+        assert_eq!(
+            lock(&peers).remove("p"),
+            Some(Names {
+                current: Some("p#1".into()),
+                stale: vec![],
+            })
+        );
+    }
+
+    fn brute_hold(keys: &[RegionKey], a: &Segment, b: &Segment) -> bool {
+        let (Some(end), Ok(start)) = (b.end(), u64::try_from(a.addr)) else {
+            return false;
+        };
+        let Ok(end) = u64::try_from(end) else {
+            return false;
+        };
+        keys.iter().any(|k| {
+            k.mem == 0 && k.dev == 0 && k.addr <= start && k.addr.saturating_add(k.len) >= end
+        })
+    }
+
+    proptest::proptest! {
+        /// The index, built up one registration at a time or at once,
+        /// answers as a scan of every registration does.
+        #[test]
+        fn spans_answer_as_a_scan_of_every_registration(
+            regs in proptest::collection::vec((0u64..64, 0u64..24, 0u32..2), 0..40),
+            asks in proptest::collection::vec((0usize..80, 1usize..16, 0usize..24), 1..40),
+        ) {
+            use descriptor_core::Device;
+            let keys: Vec<RegionKey> = regs
+                .iter()
+                .map(|&(addr, len, mem)| RegionKey {
+                    backend: "UCX".into(),
+                    mem,
+                    addr,
+                    len,
+                    dev: 0,
+                })
+                .collect();
+            let host = |addr: usize, len: usize| Segment { addr, len, device: Device::HOST };
+            let mut grown = Spans::default();
+            for (n, key) in keys.iter().enumerate() {
+                grown.insert(key);
+                for &(addr, len, gap) in &asks {
+                    let (a, b) = (host(addr, len), host(addr + len + gap % 3, gap + 1));
+                    let want = brute_hold(&keys[..=n], &a, &b);
+                    proptest::prop_assert_eq!(grown.hold_together(&a, &b), want);
+                }
+            }
+            let whole = Spans::new(keys.iter());
+            for &(addr, len, gap) in &asks {
+                let (a, b) = (host(addr, len), host(addr + len, gap + 1));
+                proptest::prop_assert_eq!(whole.hold_together(&a, &b), brute_hold(&keys, &a, &b));
+            }
+        }
     }
 }
