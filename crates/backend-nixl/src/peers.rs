@@ -14,7 +14,8 @@
 //! - a blob that changes the key of a region NIXL holds is not given to NIXL
 //!   under the peer's name: everything the peer had, with the new keys, is
 //!   loaded under a new name (the old one stays loaded, untouched, for the
-//!   transfers that may still use it, until the peer is unloaded);
+//!   transfers posted against it: it is unloaded at a later load once none
+//!   is in flight, or with the peer);
 //! - a blob NIXL refuses for a reason nothing here can tell (UCX refusing a
 //!   well-formed key, say) and that made NIXL erase the peer: what the peer
 //!   had is loaded again under a new name, so a refused blob changes nothing.
