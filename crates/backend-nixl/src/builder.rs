@@ -38,7 +38,7 @@ pub struct NixlBackendBuilder {
 
 impl NixlBackend {
     /// An agent named `name` with the defaults: UCX, NIXL's progress thread
-    /// with a 100 ms delay (event-driven), strict thread sync, full agent
+    /// with a 100 ms delay (event-driven), strict thread sync, [`MetadataScope::Agent`]
     /// metadata, notifications apart, [`Tuning::default`].
     pub fn new(name: &str) -> Result<NixlBackend> {
         NixlBackend::builder(name).build()

@@ -1,34 +1,37 @@
 //! What an exposure's agent-metadata blob describes ([`MetadataScope`]), and
-//! making it. Why the default: docs/decisions/0006-full-agent-metadata-default.md.
+//! making it. Why the default and its format:
+//! docs/decisions/0012-exposure-metadata-in-nixl-format.md.
 
-use descriptor_core::{Result, Segment};
+use descriptor_core::{Error, Result, Segment};
 use nixl_sys::{MemType, RegDescList};
 
 use crate::agent_metadata;
-use crate::agents::{lock, mem_of, nixl_error};
+use crate::agents::{NAME, lock, mem_of, nixl_error};
 use crate::backend::NixlBackend;
 
 /// What the agent-metadata blob of an exposure describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum MetadataScope {
-    /// The agent's full metadata (`get_local_md`): every registered region plus
-    /// connection info, exactly what Dynamo's Python workers publish and load.
-    /// The default, because a Python peer can load only this.
+    /// NIXL's own agent-metadata format (what `get_local_md` writes and
+    /// Dynamo's Python workers load with `add_remote_agent`), holding the
+    /// agent's connection info and only the regions that hold the exposed
+    /// ranges: the blob of an exposure is the same size however many regions
+    /// the agent registered (or leaked) before. The default, because a Python
+    /// peer can load only this format.
     #[default]
     Agent,
-    /// Only the exposed regions (`get_local_partial_md`) plus connection info, in
-    /// a two-part blob this crate reads: a peer learns nothing of the agent's
-    /// other registrations and the blob stays small however many regions the
-    /// agent holds. Rust peers only (NIXL 1.5's C API cannot put connection info
-    /// and chosen regions into one blob).
+    /// The same content as [`Agent`](MetadataScope::Agent) (connection info and
+    /// the exposed regions, from `get_local_partial_md`), in this crate's
+    /// two-part blob, as NIXL writes the two parts. Rust peers only; kept for
+    /// peers that expect it.
     Exposed,
 }
 
 impl NixlBackend {
     /// This agent's full metadata as NIXL serializes it (`getLocalMD`: its
     /// connection info and every region registered with it), whatever the
-    /// [`MetadataScope`]: what a peer loads to reach it, and what Dynamo's
-    /// `Connection.metadata` returns (`nixl_agent.get_agent_metadata()`).
+    /// [`MetadataScope`] (an exposure publishes only its regions): what
+    /// Dynamo's `Connection.metadata` returns (`nixl_agent.get_agent_metadata()`).
     /// With NIXL's progress thread on, the serving agent's (the one peers
     /// reach).
     pub fn agent_metadata(&self) -> Result<Vec<u8>> {
@@ -42,8 +45,10 @@ impl NixlBackend {
     /// The blob an exposure of `segments` publishes, in this backend's scope.
     pub(crate) fn exposure_md(&self, segments: &[Segment]) -> Result<Vec<u8>> {
         match self.scope {
-            MetadataScope::Agent => self.agent_metadata(),
-            MetadataScope::Exposed if segments.is_empty() => self.connection_md(),
+            MetadataScope::Agent | MetadataScope::Exposed if segments.is_empty() => {
+                self.connection_md()
+            }
+            MetadataScope::Agent => self.agent_format_md(segments),
             MetadataScope::Exposed => self.scoped_md(segments),
         }
     }
@@ -64,6 +69,23 @@ impl NixlBackend {
             .map_err(|e| nixl_error("get connection metadata", e))?;
         *cached = Some(md.clone());
         Ok(md)
+    }
+
+    /// Connection info plus the regions of `segments` (not empty), in
+    /// NIXL's one-blob format: what `get_local_md` would write for an agent
+    /// that registered only these regions.
+    fn agent_format_md(&self, segments: &[Segment]) -> Result<Vec<u8>> {
+        let two_part = self.scoped_md(segments)?;
+        // NIXL wrote both parts a moment ago; a refusal here is NIXL's format
+        // changing under this crate, reported rather than published.
+        let md = agent_metadata::AgentMetadata::parse(&two_part).map_err(|e| {
+            Error::backend(
+                NAME,
+                "make exposure metadata",
+                format!("NIXL's own metadata did not parse: {e}"),
+            )
+        })?;
+        Ok(md.to_blob(&md.name))
     }
 
     /// Connection info plus the regions of `segments` (not empty), in the

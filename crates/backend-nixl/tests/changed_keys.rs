@@ -137,6 +137,32 @@ fn with_key(
     .unwrap()
 }
 
+/// `meta` with its agent blob (one section of one region, as an exposure of
+/// one descriptor publishes) listing `other`'s region too, key and all.
+fn with_region_of(meta: &RdmaMetadata, other: &RdmaMetadata) -> RdmaMetadata {
+    let mut blob = meta.agent_metadata().to_vec();
+    let key = key_of(other.agent_metadata(), other);
+    // The region's entry: its length (8 bytes, after an empty tag), the
+    // address, length and device, the key, and `|`.
+    let entry = &other.agent_metadata()[key.start - 32..=key.end];
+    let mut one = b"n".to_vec();
+    one.extend_from_slice(&8u64.to_le_bytes());
+    one.extend_from_slice(&1u64.to_le_bytes());
+    let count = blob
+        .windows(one.len())
+        .position(|w| w == one)
+        .unwrap_or_else(|| panic!("not a blob of one region"));
+    blob[count + 9..count + 17].copy_from_slice(&2u64.to_le_bytes());
+    blob.extend_from_slice(entry);
+    RdmaMetadata::new(
+        meta.operation_kind(),
+        meta.descriptors().to_vec(),
+        blob,
+        meta.notification_key().into(),
+    )
+    .unwrap()
+}
+
 #[rstest]
 fn a_peer_republishing_another_key_for_a_region_is_reached_again(
     #[values(OperationKind::Read, OperationKind::Write)] kind: OperationKind,
@@ -148,9 +174,10 @@ fn a_peer_republishing_another_key_for_a_region_is_reached_again(
     let client = Connector::new(backend(&format!("{kind:?}-client")));
     let target = Passive::new(&server, kind, 1);
     let target_meta = target.metadata();
-    // Its blob lists the target's region too: the client loads both keys.
+    // A blob of the peer's that lists the target's region too (as a blob of
+    // an exposure of both would): the client loads both keys.
     let primer = Passive::new(&server, kind, 2);
-    let primer_meta = primer.metadata();
+    let primer_meta = with_region_of(&primer.metadata(), &target_meta);
     primer.serve(&client, &primer_meta);
     // The target's region again, under another key: the key's last byte
     // (UCX's system device, which it does not read from a key unpacked

@@ -118,25 +118,29 @@ fn scoped_metadata_keeps_a_peer_out_of_another_operations_memory() {
     if !runtime_available() {
         return;
     }
-    let h = Nixl::new(MetadataScope::Exposed);
-    let (server, client) = (
-        Connector::new(h.backend("server")),
-        Connector::new(h.backend("client")),
-    );
-    let mine = server.create_writable(zeroed(4096)).unwrap();
-    let other = server.create_writable(zeroed(4096)).unwrap();
-    let forged = forge(
-        mine.metadata(),
-        OperationKind::Write,
-        other.metadata().descriptors().to_vec(),
-    );
-    assert_refused(client.begin_write(filled(6, 4096), &forged));
-    other.cancel();
-    mine.cancel();
+    // Both scopes publish only the exposure's regions.
+    for scope in [MetadataScope::Agent, MetadataScope::Exposed] {
+        let h = Nixl::new(scope);
+        let (server, client) = (
+            Connector::new(h.backend("server")),
+            Connector::new(h.backend("client")),
+        );
+        let other = server.create_writable(zeroed(4096)).unwrap();
+        let mine = server.create_writable(zeroed(4096)).unwrap();
+        let forged = forge(
+            mine.metadata(),
+            OperationKind::Write,
+            other.metadata().descriptors().to_vec(),
+        );
+        assert_refused(client.begin_write(filled(6, 4096), &forged));
+        other.cancel();
+        mine.cancel();
+    }
 }
 
-/// NIXL has no per-operation scoping with Dynamo's full agent metadata, and no
-/// access modes at all: these pass through. The README says so.
+/// NIXL keeps every region a peer loaded, whatever metadata a later transfer
+/// came with, and has no access modes at all: these pass through. The
+/// README says so.
 #[test]
 fn what_nixl_does_not_enforce() {
     if !runtime_available() {
@@ -147,10 +151,11 @@ fn what_nixl_does_not_enforce() {
         Connector::new(h.backend("server")),
         Connector::new(h.backend("client")),
     );
-    // Another operation's region (registered before this one's metadata was
-    // made), through this operation's full agent metadata.
+    // Another operation's region, whose metadata the peer loaded before,
+    // through this operation's metadata.
     let other = server.create_writable(zeroed(4096)).unwrap();
     let mine = server.create_writable(zeroed(4096)).unwrap();
+    client.warm_up(other.metadata()).unwrap();
     let forged = forge(
         mine.metadata(),
         OperationKind::Write,
@@ -172,8 +177,9 @@ fn what_nixl_does_not_enforce() {
         readable.into_descriptors().unwrap()[0].as_slice().unwrap(),
         pattern(9, 4096).as_slice()
     );
-    // Read-only memory too: NIXL registers memory without access modes, so
-    // a `Bytes` readable is writable by a peer that flips the kind.
+    // Read-only memory: the flipped write is accepted too, but lands in the
+    // private copy NIXL was given (`access_enforced`): the memory itself
+    // never changes (`read_only_memory.rs`).
     let shared = bytes::Bytes::from(pattern(10, 4096));
     let readable = server
         .create_readable(vec![Descriptor::from_bytes(shared).unwrap()])
@@ -188,7 +194,7 @@ fn what_nixl_does_not_enforce() {
     readable.wait_timeout(WAIT).unwrap();
     assert_eq!(
         readable.into_descriptors().unwrap()[0].as_slice().unwrap(),
-        pattern(11, 4096).as_slice()
+        pattern(10, 4096).as_slice()
     );
     // And a notification is taken at its word: a transfer into `other` that
     // carries `victim`'s key completes `victim`, whose memory was never
