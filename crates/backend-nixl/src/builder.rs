@@ -233,13 +233,13 @@ impl NixlBackendBuilder {
         tracing::debug!(agent = %self.name, two_agents = agents.two(), notifications = ?agents.notifications, ?plugins, scope = ?self.scope, "created NIXL agents");
         Ok(NixlBackend {
             unreachable: Mutex::new(Unreachable::new(self.tuning.unreachable_for)),
+            peers: Mutex::new(Peers::new(self.tuning.compact_peers_above)),
             live: Arc::new(Live::new(agents, self.tuning)),
             watcher: Mutex::new(None),
             name: self.name,
             scope: self.scope,
             next_id: AtomicU64::new(1),
             regions: Mutex::new(HashMap::new()),
-            peers: Mutex::new(Peers::default()),
             loading: Mutex::new(()),
             connection_md: Mutex::new(None),
         })

@@ -37,8 +37,9 @@ use crate::agents::lock;
 /// the peer.
 pub(crate) const MAX_NAMES_PER_PEER: usize = 16;
 
-/// Regions a peer's record holds before this backend looks for regions the
-/// peer no longer publishes (see [`RECENT_LOADS`]).
+/// Regions a peer's record holds, at the least, before this backend looks
+/// for regions the peer no longer publishes (see [`RECENT_LOADS`]): the
+/// floor of `Tuning::compact_peers_above`, and the tests' value.
 pub(crate) const COMPACT_FLOOR: usize = 4096;
 
 /// How many of a peer's latest loaded blobs the regions kept in its record
@@ -50,9 +51,12 @@ pub(crate) const COMPACT_FLOOR: usize = 4096;
 pub(crate) const RECENT_LOADS: u64 = 64;
 
 /// The peers, by their own names.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Peers {
     peers: HashMap<String, Peer>,
+    /// `Tuning::compact_peers_above`: a peer's record smaller than this is
+    /// never compacted (`usize::MAX`: never).
+    compact_above: usize,
     /// Names NIXL may keep a connection for after erasing their entries:
     /// never used again by this backend's agents.
     poisoned: HashSet<String>,
@@ -116,6 +120,8 @@ struct Peer {
     loads: u64,
     /// Record size at which to count the regions recently seen again.
     check_at: usize,
+    /// The least record size that is ever compacted.
+    floor: usize,
     /// The record holds more than twice the regions recently seen: the next
     /// load renames the peer with only those.
     compact: bool,
@@ -131,7 +137,7 @@ struct Recorded {
 }
 
 impl Peer {
-    fn new(nixl_name: &str) -> Peer {
+    fn new(nixl_name: &str, floor: usize) -> Peer {
         Peer {
             nixl_name: nixl_name.to_owned(),
             loaded: true,
@@ -140,7 +146,8 @@ impl Peer {
             regions: BTreeMap::new(),
             spans: Arc::default(),
             loads: 0,
-            check_at: COMPACT_FLOOR,
+            check_at: floor,
+            floor,
             compact: false,
         }
     }
@@ -148,7 +155,7 @@ impl Peer {
     /// `regions` lost some: index them again.
     fn reindex(&mut self) {
         self.spans = Arc::new(Spans::new(self.regions.keys()));
-        self.check_at = COMPACT_FLOOR.max(2 * self.regions.len());
+        self.check_at = self.floor.max(2 * self.regions.len());
         self.compact = false;
     }
 
@@ -321,7 +328,27 @@ pub(crate) struct Names {
     pub(crate) stale: Vec<String>,
 }
 
+impl Default for Peers {
+    fn default() -> Peers {
+        Peers::new(COMPACT_FLOOR)
+    }
+}
+
 impl Peers {
+    /// No peers yet; a peer's record is compacted from `compact_above`
+    /// regions on (0: never; at least [`COMPACT_FLOOR`] otherwise).
+    pub(crate) fn new(compact_above: usize) -> Peers {
+        Peers {
+            peers: HashMap::new(),
+            compact_above: match compact_above {
+                0 => usize::MAX,
+                n => n.max(COMPACT_FLOOR),
+            },
+            poisoned: HashSet::new(),
+            in_flight: HashMap::new(),
+        }
+    }
+
     /// The name NIXL knows `peer` by.
     pub(crate) fn nixl_name(&self, peer: &str) -> Option<&str> {
         self.peers.get(peer).map(|p| p.nixl_name.as_str())
@@ -471,10 +498,11 @@ impl Peers {
 
     /// NIXL took `md` under `nixl_name` ([`Plan::Merge`]).
     pub(crate) fn merged(&mut self, md: &AgentMetadata, nixl_name: &str) {
+        let floor = self.compact_above;
         let peer = self
             .peers
             .entry(md.name.clone())
-            .or_insert_with(|| Peer::new(nixl_name));
+            .or_insert_with(|| Peer::new(nixl_name, floor));
         peer.loaded = true;
         for conn in &md.conns {
             if !peer.conns.iter().any(|c| c.backend == conn.backend) {

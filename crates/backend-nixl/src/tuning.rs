@@ -34,6 +34,7 @@ use std::time::Duration;
 /// | [`follow_at_post`](Self::follow_at_post) | 64 KiB | waking the watcher at post costs a small transfer more than it gains |
 /// | [`progress_thread_delay`](Self::progress_thread_delay) | 100 ms | NIXL's thread wakes on traffic: the delay sets only the idle cost |
 /// | [`unreachable_for`](Self::unreachable_for) | 60 s | a dead peer retried leaks two sockets per attempt in UCX |
+/// | [`compact_peers_above`](Self::compact_peers_above) | 262,144 regions | bounds a long-lived peer's memory; each compaction leaks file descriptors in NIXL 1.5.1 |
 #[non_exhaustive]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tuning {
@@ -83,6 +84,19 @@ pub struct Tuning {
     /// peer restarted under its name has new connection info and is not
     /// affected; zero turns it off. Why: crate `unreachable` module docs.
     pub unreachable_for: Duration,
+    /// Regions of one peer NIXL may hold (every region of every blob of
+    /// the peer loaded so far) before the peer is reloaded under a fresh
+    /// NIXL name with only the regions of its latest blobs, which bounds
+    /// the memory a long-lived peer that registers fresh memory per
+    /// operation costs (about 0.5 KiB a region, in NIXL and here). Each
+    /// such compaction makes new UCX endpoints to the peer, and NIXL 1.5.1
+    /// leaks about two file descriptors per agent for the old ones (never
+    /// destroyed when closed without force): a trade of memory for file
+    /// descriptors, measured in `cargo xtask soak` (a compaction every few
+    /// seconds at 4,096 regions leaked over a file descriptor a second).
+    /// The default, 262,144 (about 128 MiB a peer), makes compactions rare;
+    /// 0 turns them off; values under 4,096 count as 4,096.
+    pub compact_peers_above: usize,
 }
 
 impl Default for Tuning {
@@ -97,6 +111,7 @@ impl Default for Tuning {
             follow_at_post: 64 << 10,
             progress_thread_delay: Duration::from_millis(100),
             unreachable_for: Duration::from_secs(60),
+            compact_peers_above: 1 << 18,
         }
     }
 }

@@ -6,7 +6,7 @@
 //! refusing a READ of a region the record dropped is what shows it dropped.
 #![allow(clippy::unwrap_used, clippy::panic)]
 
-use backend_nixl::MetadataScope;
+use backend_nixl::{MetadataScope, NixlBackend, Tuning};
 use descriptor_core::conformance::{Harness, forge, pattern, zeroed_one as zeroed};
 use descriptor_core::{Connector, Descriptor, Error, OperationKind};
 use std::time::Duration;
@@ -14,8 +14,10 @@ use test_support::{Nixl, runtime_available};
 
 const WAIT: Duration = Duration::from_secs(30);
 const LEN: usize = 4096;
-/// More than the record's floor (4,096 regions) and the recent window.
-const OPS: u64 = 4096 + 256;
+/// The client compacts from this many regions on (the least it may).
+const COMPACT_ABOVE: usize = 4096;
+/// More than that and the recent window.
+const OPS: u64 = COMPACT_ABOVE as u64 + 256;
 
 #[test]
 fn a_peers_old_regions_are_dropped_and_its_live_ones_served_again() {
@@ -23,10 +25,14 @@ fn a_peers_old_regions_are_dropped_and_its_live_ones_served_again() {
         return;
     }
     let h = Nixl::new(MetadataScope::Exposed);
-    let (server, client) = (
-        Connector::new(h.backend("server")),
-        Connector::new(h.backend("client")),
-    );
+    let mut tuning = Tuning::default();
+    tuning.compact_peers_above = COMPACT_ABOVE;
+    let client = NixlBackend::builder(&format!("history-client-{}", std::process::id()))
+        .metadata_scope(MetadataScope::Exposed)
+        .tuning(tuning)
+        .build()
+        .unwrap();
+    let (server, client) = (Connector::new(h.backend("server")), Connector::new(client));
     // Exposed throughout; its metadata loaded once, at the start.
     let old = server
         .create_readable(vec![Descriptor::new(pattern(1, LEN)).unwrap()])
