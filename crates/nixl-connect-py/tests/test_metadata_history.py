@@ -104,7 +104,10 @@ def test_a_readables_metadata_does_not_grow_with_abandoned_operations():
         for seed in range(2, 7):
             later_size, later_blob, later_regions, later_named = await one_read(seed)
             assert later_regions == later_named
-            assert (later_size, len(later_blob)) == (size, len(blob))
+            # The blob's fields are fixed-size; the JSON prints the pointer
+            # in decimal, whose digit count depends on where the buffer lies.
+            assert len(later_blob) == len(blob)
+            assert abs(later_size - size) <= 20, (later_size, size)
         # The agent's own metadata still holds every region it registered,
         # the abandoned ones included (they stay registered on NIXL).
         agent_after = regions_of(nc.Connection(server, 1).metadata)
