@@ -179,7 +179,7 @@ fn what_nixl_does_not_enforce() {
     );
     // Read-only memory: the flipped write is accepted too, but lands in the
     // private copy NIXL was given (`access_enforced`): the memory itself
-    // never changes (`read_only_memory.rs`).
+    // never changes (`nixl_readable_bytes_written_by_forged_write.rs`).
     let shared = bytes::Bytes::from(pattern(10, 4096));
     let readable = server
         .create_readable(vec![Descriptor::from_bytes(shared).unwrap()])
