@@ -216,11 +216,7 @@ impl PyMetadata {
     ) -> PyResult<(Bound<'py, PyAny>, Snapshot)> {
         let py = cls.py();
         let _paused = GcPaused::new(py);
-        let names = [
-            intern!(py, "device"),
-            intern!(py, "ptr"),
-            intern!(py, "size"),
-        ];
+        let names = item_fields(py);
         let shells = Shells::new(descriptor_cls, &names)?;
         let mut items = Vec::with_capacity(self.inner.descriptors().len());
         let mut held = Vec::with_capacity(self.inner.descriptors().len());
@@ -262,12 +258,7 @@ impl PyMetadata {
             });
             items.push(item);
         }
-        let fields = [
-            intern!(py, "descriptors"),
-            intern!(py, "nixl_metadata"),
-            intern!(py, "notification_key"),
-            intern!(py, "operation_kind"),
-        ];
+        let fields = model_fields(py);
         let values = [
             PyList::new(py, items)?.into_any(),
             PyString::new(py, self.encoded()).into_any(),
@@ -346,31 +337,46 @@ fn field<'py>(dict: &Bound<'py, PyDict>, name: &Bound<'py, PyString>) -> Option<
     dict.get_item(name).ok().flatten()
 }
 
+/// `RdmaMetadata`'s fields, in the order a snapshot keeps their values.
+fn model_fields(py: Python<'_>) -> [&Bound<'_, PyString>; 4] {
+    [
+        intern!(py, "descriptors"),
+        intern!(py, "nixl_metadata"),
+        intern!(py, "notification_key"),
+        intern!(py, "operation_kind"),
+    ]
+}
+
+/// `SerializedDescriptor`'s fields, in the order a snapshot keeps them.
+fn item_fields(py: Python<'_>) -> [&Bound<'_, PyString>; 3] {
+    [
+        intern!(py, "device"),
+        intern!(py, "ptr"),
+        intern!(py, "size"),
+    ]
+}
+
+/// The values of `names` in `dict`, in order; `None` if one is missing.
+fn fields_in<'py, const N: usize>(
+    dict: &Bound<'py, PyDict>,
+    names: [&Bound<'py, PyString>; N],
+) -> Option<[Py<PyAny>; N]> {
+    let mut values = Vec::with_capacity(N);
+    for name in names {
+        values.push(field(dict, name)?.unbind());
+    }
+    values.try_into().ok()
+}
+
 impl Snapshot {
     fn of(model: &Bound<'_, PyAny>) -> PyResult<Option<Snapshot>> {
         let py = model.py();
-        let fields = [
-            intern!(py, "descriptors"),
-            intern!(py, "nixl_metadata"),
-            intern!(py, "notification_key"),
-            intern!(py, "operation_kind"),
-        ];
-        let names = [
-            intern!(py, "device"),
-            intern!(py, "ptr"),
-            intern!(py, "size"),
-        ];
+        let fields = model_fields(py);
+        let names = item_fields(py);
         let Some(dict) = dict_of(model) else {
             return Ok(None);
         };
-        let mut values = Vec::with_capacity(4);
-        for name in fields {
-            let Some(value) = field(&dict, name) else {
-                return Ok(None);
-            };
-            values.push(value.unbind());
-        }
-        let Ok(values) = <[Py<PyAny>; 4]>::try_from(values) else {
+        let Some(values) = fields_in(&dict, fields) else {
             return Ok(None);
         };
         let Ok(list) = values[0].bind(py).cast_exact::<PyList>() else {
@@ -388,14 +394,7 @@ impl Snapshot {
             let Some(item_dict) = dict_of(&item) else {
                 return Ok(None);
             };
-            let mut held = Vec::with_capacity(3);
-            for name in names {
-                let Some(value) = field(&item_dict, name) else {
-                    return Ok(None);
-                };
-                held.push(value.unbind());
-            }
-            let Ok(values) = <[Py<PyAny>; 3]>::try_from(held) else {
+            let Some(values) = fields_in(&item_dict, names) else {
                 return Ok(None);
             };
             items.push(HeldItem {
@@ -425,17 +424,8 @@ impl Snapshot {
     /// so it goes to the C API directly).
     fn holds(&self, model: &Bound<'_, PyAny>) -> bool {
         let py = model.py();
-        let fields = [
-            intern!(py, "descriptors"),
-            intern!(py, "nixl_metadata"),
-            intern!(py, "notification_key"),
-            intern!(py, "operation_kind"),
-        ];
-        let names = [
-            intern!(py, "device").as_ptr(),
-            intern!(py, "ptr").as_ptr(),
-            intern!(py, "size").as_ptr(),
-        ];
+        let fields = model_fields(py);
+        let names = item_fields(py).map(|name| name.as_ptr());
         let dict = self.dict.as_ptr();
         // SAFETY: the GIL is held (`model` is bound); every pointer is a live
         // object: `model`, and the snapshot's own strong references (the
@@ -778,11 +768,7 @@ fn exact_dict(document: &Bound<'_, PyAny>) -> PyResult<PyMetadata> {
             format!("more than {MAX_DESCRIPTORS} descriptors"),
         )));
     }
-    let names = [
-        intern!(py, "device"),
-        intern!(py, "ptr"),
-        intern!(py, "size"),
-    ];
+    let names = item_fields(py);
     // The device strings are borrowed from these objects.
     let mut devices = Vec::with_capacity(list.len());
     let mut numbers = Vec::with_capacity(list.len());
