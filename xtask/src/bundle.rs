@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use cargo_metadata::{Artifact, Message};
 use xshell::{Shell, cmd};
 
-use crate::{cargo, nixl, run};
+use crate::nixl;
+use crate::shell::{cargo, run};
 
 const LIMIT: u64 = 60 << 20;
 

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use cargo_metadata::Package;
 use xshell::{Shell, cmd};
 
-use crate::{cargo, run};
+use crate::shell::{cargo, run};
 
 /// The feature sets to build a package with: none, each feature alone, and
 /// `default` when it is not one of those already.

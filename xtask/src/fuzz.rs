@@ -11,7 +11,7 @@ use std::path::Path;
 
 use xshell::{Shell, cmd};
 
-use crate::{cargo, run, succeeds};
+use crate::shell::{cargo, run, succeeds};
 
 const TARGETS: &[&str] = &["metadata", "agent_metadata", "device", "nixl_load"];
 /// Targets that run NIXL: built with the fuzz crate's `nixl` feature, run

@@ -9,7 +9,8 @@ use std::path::Path;
 use test_support::Hosts;
 use xshell::{Shell, cmd};
 
-use crate::{Workspace, cargo, run};
+use crate::Workspace;
+use crate::shell::{cargo, run};
 
 /// Runs the bench's cross-process rows across two namespaces.
 pub(crate) fn bench(sh: &Shell, ws: &Workspace, runtime: &Path, quick: bool) -> Result<(), u8> {

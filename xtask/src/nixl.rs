@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 
 use xshell::{Shell, cmd};
 
-use crate::{pip, run_quiet, succeeds, wheel};
+use crate::shell::{pip, run_quiet, succeeds};
+use crate::wheel;
 
 /// The NIXL release the runtime, the test virtualenvs and the Python tests
 /// use; everything else here is derived from it. backend-nixl's `PIP_PACKAGE`
@@ -148,7 +149,7 @@ pub(crate) fn ensure_libclang(sh: &Shell) -> Result<(), String> {
         )?;
         find_libclang().ok_or("libclang-dev installed, but no libclang.so found")?;
     }
-    if !crate::succeeds(cmd!(sh, "g++ --version")) {
+    if !crate::shell::succeeds(cmd!(sh, "g++ --version")) {
         apt_install(sh, "g++ (nixl-sys compiles C++ stubs)", &["g++"])?;
     }
     Ok(())

@@ -26,7 +26,8 @@ use std::path::{Path, PathBuf};
 
 use xshell::{Shell, cmd};
 
-use crate::{nixl, pip, run, run_quiet, wheel};
+use crate::shell::{pip, run, run_quiet};
+use crate::{nixl, wheel};
 
 /// What every test virtualenv gets besides the package (pydantic pinned to
 /// the versions tested; the package itself allows `>=2.10,<3`).
@@ -445,7 +446,7 @@ fn typecheck(sh: &Shell, root: &Path, wheel: &Path) -> bool {
         let pyright = node.join("node_modules/.bin/pyright");
         let stamp = node.join(".complete");
         if !std::fs::read_to_string(&stamp).is_ok_and(|s| s == PYRIGHT) {
-            if !crate::succeeds(cmd!(sh, "npm --version")) {
+            if !crate::shell::succeeds(cmd!(sh, "npm --version")) {
                 crate::nixl::apt_install(sh, "npm (pyright runs on Node.js)", &["nodejs", "npm"])?;
             }
             run_quiet(cmd!(
@@ -538,7 +539,7 @@ pub(crate) fn bench(sh: &Shell, ws: &crate::Workspace, quick: bool) -> Result<()
             eprintln!("xtask bench --python: {e}");
             1
         })?;
-    let cargo = crate::cargo();
+    let cargo = crate::shell::cargo();
     if !run(cmd!(sh, "{cargo} build --quiet --release -p bench")) {
         return Err(1);
     }

@@ -29,7 +29,8 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use xshell::{Shell, cmd};
 
-use crate::{flags, python, run};
+use crate::shell::run;
+use crate::{flags, python};
 
 /// The least ratio of the last window's throughput to the first's.
 pub(crate) const MIN_RATIO: f64 = 0.9;
