@@ -513,10 +513,10 @@ fn push_remote_segments(
 ) -> Result<()> {
     for (i, d) in descriptors.iter().enumerate() {
         let (Ok(addr), Ok(len)) = (usize::try_from(d.ptr), usize::try_from(d.size)) else {
-            return Err(Error::InvalidMetadata {
-                field: format!("descriptors[{i}]"),
-                reason: "does not fit this platform's address space".into(),
-            });
+            return Err(Error::invalid_metadata(
+                format!("descriptors[{i}]"),
+                "does not fit this platform's address space",
+            ));
         };
         segments.push(Segment {
             addr,
@@ -537,9 +537,10 @@ const EMPTY_SEGMENT: Segment = Segment {
 /// A request's local then remote segments: four pairs on the stack.
 type Segments = StackVec<Segment, 8>;
 
-/// A list on the stack for the few items most operations need (an
-/// allocation and its free were 7% of a loopback operation's instructions),
-/// on the heap beyond `N`.
+/// A list on the stack for the few items most operations need, on the heap
+/// beyond `N`: a list of segments is built for every operation, and its
+/// allocation and free showed in a loopback operation's instruction count.
+/// Why: "segments on the stack", §5 of docs/decisions/0009-performance-history.md.
 enum StackVec<T: Copy, const N: usize> {
     Inline { items: [T; N], len: usize },
     Heap(Vec<T>),

@@ -242,6 +242,25 @@ impl Error {
             source: source.into(),
         }
     }
+
+    /// An [`Error::InvalidMetadata`]: `field` names the offending part of the
+    /// document (`"descriptors[3].ptr"`), `reason` says what is wrong with it.
+    ///
+    /// ```
+    /// # use descriptor_core::Error;
+    /// let error = Error::invalid_metadata("operation_kind", "3 is neither 1 (read) nor 2 (write)");
+    /// assert_eq!(
+    ///     error.to_string(),
+    ///     "invalid RDMA metadata: operation_kind: 3 is neither 1 (read) nor 2 (write)"
+    /// );
+    /// ```
+    #[cold]
+    pub fn invalid_metadata(field: impl Into<String>, reason: impl Into<String>) -> Error {
+        Error::InvalidMetadata {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
 }
 
 /// `Result` with this crate's [`Error`].

@@ -126,8 +126,8 @@ pub use device::{Device, DeviceKind};
 pub use error::{Cause, Error, Result, SharedCause, Side};
 pub use metadata::{
     MAX_AGENT_METADATA_BYTES, MAX_DESCRIPTORS, MAX_JSON_BYTES, MAX_NOTIFICATION_KEY_LEN,
-    OperationKind, RdmaMetadata, SerializedDescriptor, decode_agent_metadata,
-    encode_agent_metadata,
+    OperationKind, RdmaMetadata, SerializedDescriptor, check_descriptor_count, check_json_len,
+    decode_agent_metadata, decode_agent_metadata_cached, encode_agent_metadata,
 };
 pub use operation::{
     Completion, OperationFuture, OperationStatus, ReadOperation, ReadableOperation,

@@ -9,17 +9,25 @@
 //!
 //! Metadata comes from peers and is untrusted: every field is validated, sizes are
 //! bounded before anything is allocated for them, and a zlib bomb is an error.
+//! Every check lives here, public where another reader of the same document
+//! needs it ([`check_json_len`], [`check_descriptor_count`],
+//! `OperationKind::try_from`, [`RdmaMetadata::new`]): the Python package's
+//! exact parser refuses what this one refuses. `nixl_metadata`'s encoding,
+//! and the per-thread state that keeps it cheap, is in `metadata/agent_blob.rs`.
 
 use std::borrow::Cow;
 use std::fmt;
 use std::io::Read;
 use std::str::FromStr;
 
-use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
 use crate::device::Device;
 use crate::error::{Error, Result};
+
+mod agent_blob;
+
+pub use agent_blob::{decode_agent_metadata, decode_agent_metadata_cached, encode_agent_metadata};
 
 /// Largest JSON document accepted by [`RdmaMetadata::from_json`].
 pub const MAX_JSON_BYTES: usize = 64 << 20;
@@ -30,9 +38,57 @@ pub const MAX_AGENT_METADATA_BYTES: usize = 32 << 20;
 /// Longest notification key.
 pub const MAX_NOTIFICATION_KEY_LEN: usize = 256;
 
-const B64_PREFIX: &str = "b64:";
+/// Refuses a JSON document of `len` bytes if it is longer than
+/// [`MAX_JSON_BYTES`]: the check [`RdmaMetadata::from_slice`] makes before it
+/// parses, for a parser of its own to make first too.
+///
+/// ```
+/// # use descriptor_core::{MAX_JSON_BYTES, check_json_len};
+/// assert!(check_json_len(MAX_JSON_BYTES).is_ok());
+/// assert!(check_json_len(MAX_JSON_BYTES + 1).is_err());
+/// ```
+pub fn check_json_len(len: usize) -> Result<()> {
+    if len > MAX_JSON_BYTES {
+        return Err(Error::invalid_metadata(
+            "json",
+            format!("{len} bytes exceeds the limit of {MAX_JSON_BYTES} bytes"),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses a list of more than [`MAX_DESCRIPTORS`] descriptors: the bound
+/// [`RdmaMetadata`] keeps, for a reader to check before it allocates for
+/// `count` of them.
+///
+/// ```
+/// # use descriptor_core::{MAX_DESCRIPTORS, check_descriptor_count};
+/// assert!(check_descriptor_count(MAX_DESCRIPTORS).is_ok());
+/// assert!(check_descriptor_count(MAX_DESCRIPTORS + 1).is_err());
+/// ```
+pub fn check_descriptor_count(count: usize) -> Result<()> {
+    if count > MAX_DESCRIPTORS {
+        return Err(Error::invalid_metadata(
+            "descriptors",
+            format!("more than {MAX_DESCRIPTORS} descriptors"),
+        ));
+    }
+    Ok(())
+}
 
 /// Which operation a peer may perform on published memory.
+///
+/// On the wire it is `operation_kind`, a number: `u8::from(kind)` writes it,
+/// `OperationKind::try_from(number)` reads it (1 or 2; anything else is
+/// [`Error::InvalidMetadata`]).
+///
+/// ```
+/// # use descriptor_core::OperationKind;
+/// assert_eq!(u8::from(OperationKind::Write), 2);
+/// assert_eq!(OperationKind::try_from(1u64)?, OperationKind::Read);
+/// assert!(OperationKind::try_from(3u64).is_err());
+/// # Ok::<(), descriptor_core::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum OperationKind {
@@ -42,12 +98,24 @@ pub enum OperationKind {
     Write = 2,
 }
 
-impl OperationKind {
-    fn from_wire(value: u8) -> Result<OperationKind> {
-        match value {
+impl From<OperationKind> for u8 {
+    /// The wire number: 1 for [`OperationKind::Read`], 2 for [`OperationKind::Write`].
+    fn from(kind: OperationKind) -> u8 {
+        kind as u8
+    }
+}
+
+impl TryFrom<u64> for OperationKind {
+    type Error = Error;
+
+    /// Reads the wire number (any unsigned integer widens to `u64`); an
+    /// [`Error::InvalidMetadata`] of `operation_kind` for one that is
+    /// neither 1 nor 2.
+    fn try_from(number: u64) -> Result<OperationKind> {
+        match number {
             1 => Ok(OperationKind::Read),
             2 => Ok(OperationKind::Write),
-            other => Err(invalid(
+            other => Err(Error::invalid_metadata(
                 "operation_kind",
                 format!("{other} is neither 1 (read) nor 2 (write)"),
             )),
@@ -86,13 +154,6 @@ pub struct RdmaMetadata {
     agent_metadata: Vec<u8>,
     notification_key: String,
     operation_kind: OperationKind,
-}
-
-fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Error {
-    Error::InvalidMetadata {
-        field: field.into(),
-        reason: reason.into(),
-    }
 }
 
 impl RdmaMetadata {
@@ -139,7 +200,7 @@ impl RdmaMetadata {
             descriptors: Cow::Borrowed(&self.descriptors),
             nixl_metadata: Cow::Owned(encode_agent_metadata(&self.agent_metadata)),
             notification_key: Cow::Borrowed(&self.notification_key),
-            operation_kind: self.operation_kind as u8,
+            operation_kind: self.operation_kind.into(),
         };
         #[allow(
             clippy::expect_used,
@@ -165,28 +226,20 @@ impl RdmaMetadata {
         reader
             .take(MAX_JSON_BYTES as u64 + 1)
             .read_to_end(&mut json)
-            .map_err(|e| invalid("json", format!("cannot read: {e}")))?;
+            .map_err(|e| Error::invalid_metadata("json", format!("cannot read: {e}")))?;
         RdmaMetadata::from_slice(&json)
     }
 
     /// Parses and validates Dynamo's JSON from bytes.
     pub fn from_slice(json: &[u8]) -> Result<RdmaMetadata> {
-        if json.len() > MAX_JSON_BYTES {
-            return Err(invalid(
-                "json",
-                format!(
-                    "{} bytes exceeds the limit of {MAX_JSON_BYTES} bytes",
-                    json.len()
-                ),
-            ));
-        }
-        let wire: Wire<'_> =
-            serde_json::from_slice(json).map_err(|e| invalid("json", e.to_string()))?;
+        check_json_len(json.len())?;
+        let wire: Wire<'_> = serde_json::from_slice(json)
+            .map_err(|e| Error::invalid_metadata("json", e.to_string()))?;
         let metadata = RdmaMetadata {
             descriptors: wire.descriptors.into_owned(),
             agent_metadata: decode_agent_metadata(&wire.nixl_metadata)?,
             notification_key: wire.notification_key.into_owned(),
-            operation_kind: OperationKind::from_wire(wire.operation_kind)?,
+            operation_kind: OperationKind::try_from(u64::from(wire.operation_kind))?,
         };
         metadata.validate()?;
         Ok(metadata)
@@ -194,37 +247,35 @@ impl RdmaMetadata {
 
     fn validate(&self) -> Result<()> {
         if self.descriptors.is_empty() {
-            return Err(invalid("descriptors", "the list is empty"));
+            return Err(Error::invalid_metadata("descriptors", "the list is empty"));
         }
-        if self.descriptors.len() > MAX_DESCRIPTORS {
-            return Err(invalid(
-                "descriptors",
-                format!("more than {MAX_DESCRIPTORS} descriptors"),
-            ));
-        }
+        check_descriptor_count(self.descriptors.len())?;
         for (i, d) in self.descriptors.iter().enumerate() {
             if d.ptr == 0 {
-                return Err(invalid(format!("descriptors[{i}].ptr"), "must not be zero"));
+                return Err(Error::invalid_metadata(
+                    format!("descriptors[{i}].ptr"),
+                    "must not be zero",
+                ));
             }
             if d.ptr.checked_add(d.size).is_none() {
-                return Err(invalid(
+                return Err(Error::invalid_metadata(
                     format!("descriptors[{i}]"),
                     format!("ptr {:#x} + size {} overflows", d.ptr, d.size),
                 ));
             }
         }
         if self.agent_metadata.is_empty() {
-            return Err(invalid("nixl_metadata", "is empty"));
+            return Err(Error::invalid_metadata("nixl_metadata", "is empty"));
         }
         if self.agent_metadata.len() > MAX_AGENT_METADATA_BYTES {
-            return Err(invalid(
+            return Err(Error::invalid_metadata(
                 "nixl_metadata",
                 format!("exceeds {MAX_AGENT_METADATA_BYTES} bytes"),
             ));
         }
         let key = &self.notification_key;
         if key.is_empty() || key.len() > MAX_NOTIFICATION_KEY_LEN {
-            return Err(invalid(
+            return Err(Error::invalid_metadata(
                 "notification_key",
                 format!(
                     "length {} is not within 1..={MAX_NOTIFICATION_KEY_LEN}",
@@ -233,7 +284,7 @@ impl RdmaMetadata {
             ));
         }
         if !key.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(invalid(
+            return Err(Error::invalid_metadata(
                 "notification_key",
                 "must be printable ASCII without spaces",
             ));
@@ -261,7 +312,7 @@ impl Serialize for RdmaMetadata {
             descriptors: Cow::Borrowed(&self.descriptors),
             nixl_metadata: Cow::Owned(encode_agent_metadata(&self.agent_metadata)),
             notification_key: Cow::Borrowed(&self.notification_key),
-            operation_kind: self.operation_kind as u8,
+            operation_kind: self.operation_kind.into(),
         }
         .serialize(serializer)
     }
@@ -275,7 +326,7 @@ impl<'de> Deserialize<'de> for RdmaMetadata {
             descriptors: wire.descriptors.into_owned(),
             agent_metadata: decode_agent_metadata(&wire.nixl_metadata).map_err(D::Error::custom)?,
             notification_key: wire.notification_key.into_owned(),
-            operation_kind: OperationKind::from_wire(wire.operation_kind)
+            operation_kind: OperationKind::try_from(u64::from(wire.operation_kind))
                 .map_err(D::Error::custom)?,
         };
         metadata.validate().map_err(D::Error::custom)?;
@@ -387,163 +438,6 @@ where
     deserializer.deserialize_seq(Bounded).map(Cow::Owned)
 }
 
-/// Encodes an agent blob as Dynamo does: `"b64:"` + padded standard base64 of
-/// zlib (level 6) of the blob. The same blob as this thread's previous one
-/// (up to 64 KiB) costs a comparison and a copy, not another compression.
-pub fn encode_agent_metadata(blob: &[u8]) -> String {
-    let remembered = LAST_ENCODED
-        .try_with(|last| {
-            last.borrow()
-                .as_ref()
-                .filter(|(known, _)| **known == *blob)
-                .map(|(_, encoded)| encoded.clone())
-        })
-        .ok()
-        .flatten();
-    if let Some(encoded) = remembered {
-        return encoded;
-    }
-    let encoded = deflate_base64(blob);
-    if blob.len() <= MEMO_MAX_BLOB {
-        // A thread being torn down just does not remember.
-        let _ = LAST_ENCODED.try_with(|last| {
-            *last.borrow_mut() = Some((blob.into(), encoded.clone()));
-        });
-    }
-    encoded
-}
-
-/// The largest blob [`encode_agent_metadata`] remembers (a copy stays with
-/// the thread until it encodes another).
-const MEMO_MAX_BLOB: usize = 64 << 10;
-
-fn deflate_base64(blob: &[u8]) -> String {
-    use std::io::Write;
-    let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::new(6));
-    #[allow(
-        clippy::expect_used,
-        reason = "writing into a Vec cannot fail; empty metadata would be silently wrong"
-    )]
-    let compressed = z
-        .write_all(blob)
-        .and_then(|()| z.finish())
-        .expect("compressing into a Vec");
-    let mut out = String::with_capacity(B64_PREFIX.len() + compressed.len().div_ceil(3) * 4);
-    out.push_str(B64_PREFIX);
-    base64::engine::general_purpose::STANDARD.encode_string(&compressed, &mut out);
-    out
-}
-
-thread_local! {
-    /// The blob this thread encoded last, and its encoding. A worker that
-    /// exposes buffers over and over publishes the same agent metadata each
-    /// time (NIXL's changes only with the agent's registrations), and
-    /// compressing it again cost 14-20 µs per operation.
-    static LAST_ENCODED: std::cell::RefCell<Option<(Box<[u8]>, String)>> =
-        const { std::cell::RefCell::new(None) };
-    /// One zlib decompressor per thread (about 43 KiB, its 32 KiB window
-    /// included), reset for each blob: setting up a new one cost as much as
-    /// inflating a few-KiB agent blob (decoding 670 B took 8.1 µs with a new
-    /// one, 4.0 µs reset).
-    static INFLATE: std::cell::RefCell<flate2::Decompress> =
-        std::cell::RefCell::new(flate2::Decompress::new(true));
-}
-
-/// A zlib byte count as an index (it never exceeds the slice it counts).
-fn counted(n: u64) -> usize {
-    usize::try_from(n).unwrap_or(usize::MAX)
-}
-
-/// Decodes `nixl_metadata`: `"b64:"` + base64, or Dynamo's legacy bare hex, of a
-/// zlib stream. The decompressed blob is capped at [`MAX_AGENT_METADATA_BYTES`].
-pub fn decode_agent_metadata(encoded: &str) -> Result<Vec<u8>> {
-    const FIELD: &str = "nixl_metadata";
-    let compressed = match encoded.strip_prefix(B64_PREFIX) {
-        Some(b64) => base64::engine::general_purpose::STANDARD
-            .decode(b64)
-            .map_err(|e| invalid(FIELD, format!("bad base64: {e}")))?,
-        None => decode_hex(encoded).ok_or_else(|| {
-            invalid(
-                FIELD,
-                "neither \"b64:\"-prefixed base64 nor an even-length hex string",
-            )
-        })?,
-    };
-    inflate(&compressed).map_err(|reason| invalid(FIELD, reason))
-}
-
-/// Inflates one zlib stream that must use all of `compressed`, into at most
-/// [`MAX_AGENT_METADATA_BYTES`].
-fn inflate(compressed: &[u8]) -> std::result::Result<Vec<u8>, String> {
-    // A thread being torn down has no thread-locals left: it makes its own.
-    INFLATE
-        .try_with(|z| inflate_with(&mut z.borrow_mut(), compressed))
-        .unwrap_or_else(|_| inflate_with(&mut flate2::Decompress::new(true), compressed))
-}
-
-fn inflate_with(
-    z: &mut flate2::Decompress,
-    compressed: &[u8],
-) -> std::result::Result<Vec<u8>, String> {
-    z.reset(true);
-    // Room for a typical ratio; grown (doubling, up to one byte past the
-    // cap, which tells a blob that is too large) only as the data needs.
-    let mut blob = Vec::with_capacity(
-        compressed
-            .len()
-            .saturating_mul(4)
-            .min(MAX_AGENT_METADATA_BYTES + 1),
-    );
-    loop {
-        let (read, written) = (z.total_in(), z.total_out());
-        let rest = &compressed[counted(read)..];
-        let status = z
-            .decompress_vec(rest, &mut blob, flate2::FlushDecompress::None)
-            .map_err(|e| format!("bad zlib stream: {e}"))?;
-        if blob.len() > MAX_AGENT_METADATA_BYTES {
-            return Err(format!(
-                "decompresses to more than {MAX_AGENT_METADATA_BYTES} bytes"
-            ));
-        }
-        if status == flate2::Status::StreamEnd {
-            break;
-        }
-        if blob.len() == blob.capacity() {
-            let grown = (blob.capacity() * 2).clamp(64, MAX_AGENT_METADATA_BYTES + 1);
-            blob.reserve_exact(grown - blob.len());
-        } else if (z.total_in(), z.total_out()) == (read, written) {
-            // Room to write, and yet no progress: the input ended early.
-            return Err("bad zlib stream: truncated".to_owned());
-        }
-    }
-    let trailing = compressed.len() - counted(z.total_in());
-    if trailing > 0 {
-        return Err(format!(
-            "{trailing} bytes follow the end of the zlib stream"
-        ));
-    }
-    Ok(blob)
-}
-
-fn decode_hex(hex: &str) -> Option<Vec<u8>> {
-    fn nibble(c: u8) -> Option<u8> {
-        match c {
-            b'0'..=b'9' => Some(c - b'0'),
-            b'a'..=b'f' => Some(c - b'a' + 10),
-            b'A'..=b'F' => Some(c - b'A' + 10),
-            _ => None,
-        }
-    }
-    let bytes = hex.as_bytes();
-    if !bytes.len().is_multiple_of(2) {
-        return None;
-    }
-    bytes
-        .chunks_exact(2)
-        .map(|pair| Some(nibble(pair[0])? << 4 | nibble(pair[1])?))
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -611,60 +505,9 @@ mod tests {
     }
 
     #[test]
-    fn agent_blob_is_zlib_level_6_in_padded_base64() {
-        use std::io::Write;
-        let blob = b"0123456789abcdef".repeat(40);
-        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::new(6));
-        z.write_all(&blob).ok();
-        let expected =
-            base64::engine::general_purpose::STANDARD.encode(z.finish().unwrap_or_default());
-        assert_eq!(encode_agent_metadata(&blob), format!("b64:{expected}"));
-        assert_eq!(
-            decode_agent_metadata(&encode_agent_metadata(&blob)).ok(),
-            Some(blob)
-        );
-    }
-
-    #[test]
-    fn inflate_grows_to_fit_and_refuses_a_cut_stream() {
-        // 4 MiB of one byte: ~1000x smaller compressed, so the output grows
-        // from its first guess many times over.
-        let blob = vec![7u8; 4 << 20];
-        let encoded = encode_agent_metadata(&blob);
-        assert!(encoded.len() < 16 << 10, "{}", encoded.len());
-        assert_eq!(decode_agent_metadata(&encoded).ok(), Some(blob.clone()));
-        // The same compressor and decompressor serve the next blob.
-        let small = b"nixl".repeat(100);
-        assert_eq!(
-            decode_agent_metadata(&encode_agent_metadata(&small)).ok(),
-            Some(small)
-        );
-        // Every proper prefix of a stream is refused, none half-decoded.
-        let mut z = flate2::Compress::new(flate2::Compression::new(6), true);
-        let mut stream = Vec::with_capacity(64 << 10);
-        z.compress_vec(&blob, &mut stream, flate2::FlushCompress::Finish)
-            .ok();
-        for cut in [1, 2, stream.len() / 2, stream.len() - 1] {
-            let hex: String = stream[..cut].iter().map(|b| format!("{b:02x}")).collect();
-            match decode_agent_metadata(&hex) {
-                Err(Error::InvalidMetadata { field, reason }) => {
-                    assert_eq!(field, "nixl_metadata");
-                    assert!(reason.contains("zlib stream"), "{reason}");
-                }
-                other => panic!("a stream cut at {cut} bytes: {other:?}"),
-            }
-        }
-    }
-
-    #[test]
     fn accepts_legacy_hex_of_the_zlib_stream() {
         // zlib.compress(b"ab", 6).hex() in Python.
         let legacy = "789c4b4c0200012600c4";
-        assert_eq!(decode_agent_metadata(legacy).ok(), Some(b"ab".to_vec()));
-        assert_eq!(
-            decode_agent_metadata(&legacy.to_uppercase()).ok(),
-            Some(b"ab".to_vec())
-        );
         let json = json_with("nixl_metadata", &format!("\"{legacy}\""));
         assert_eq!(
             RdmaMetadata::from_json(&json)
@@ -672,28 +515,6 @@ mod tests {
                 .map(|m| m.agent_metadata),
             Some(b"ab".to_vec())
         );
-    }
-
-    #[test]
-    fn zlib_bomb_is_an_error_not_an_allocation() {
-        use std::io::Write;
-        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
-        let zeros = vec![0u8; 1 << 20];
-        for _ in 0..(MAX_AGENT_METADATA_BYTES >> 20) + 1 {
-            z.write_all(&zeros).ok();
-        }
-        let bomb = z.finish().unwrap_or_default();
-        assert!(
-            bomb.len() < 100_000,
-            "the bomb is small: {} bytes",
-            bomb.len()
-        );
-        let encoded = format!(
-            "b64:{}",
-            base64::engine::general_purpose::STANDARD.encode(bomb)
-        );
-        let err = decode_agent_metadata(&encoded).err().map(|e| e.to_string());
-        assert!(err.is_some_and(|e| e.contains("decompresses to more than")));
     }
 
     #[test]
@@ -705,6 +526,100 @@ mod tests {
         let parsed = RdmaMetadata::from_json(&json).unwrap_or_else(|e| unreachable!("{e}"));
         assert_eq!(parsed.descriptors()[0].device, Device::xpu(1));
         assert_eq!(parsed.to_json(), json);
+    }
+
+    #[rstest]
+    #[case::read(OperationKind::Read, 1)]
+    #[case::write(OperationKind::Write, 2)]
+    fn an_operation_kind_is_its_wire_number_both_ways(
+        #[case] kind: OperationKind,
+        #[case] number: u8,
+    ) {
+        assert_eq!(u8::from(kind), number);
+        assert_eq!(OperationKind::try_from(u64::from(number)).ok(), Some(kind));
+        let json = RdmaMetadata::new(
+            kind,
+            sample().descriptors().to_vec(),
+            b"blob".to_vec(),
+            KEY.to_owned(),
+        )
+        .map(|m| m.to_json())
+        .unwrap_or_default();
+        assert!(
+            json.ends_with(&format!(r#""operation_kind":{number}}}"#)),
+            "{json}"
+        );
+    }
+
+    #[rstest]
+    #[case::zero(0)]
+    #[case::three(3)]
+    #[case::past_a_byte(257)]
+    #[case::largest(u64::MAX)]
+    fn any_other_number_is_no_operation_kind(#[case] number: u64) {
+        match OperationKind::try_from(number) {
+            Err(Error::InvalidMetadata { field, reason }) => {
+                assert_eq!(field, "operation_kind");
+                assert_eq!(
+                    reason,
+                    format!("{number} is neither 1 (read) nor 2 (write)")
+                );
+            }
+            other => panic!("{number} gave {other:?}"),
+        }
+    }
+
+    #[rstest]
+    #[case::empty(0, None)]
+    #[case::at_the_limit(MAX_JSON_BYTES, None)]
+    #[case::one_past(MAX_JSON_BYTES + 1, Some(format!("{} bytes exceeds the limit of {MAX_JSON_BYTES} bytes", MAX_JSON_BYTES + 1)))]
+    #[case::far_past(usize::MAX, Some(format!("{} bytes exceeds the limit of {MAX_JSON_BYTES} bytes", usize::MAX)))]
+    fn json_length_is_checked_against_the_limit(
+        #[case] len: usize,
+        #[case] refused: Option<String>,
+    ) {
+        match (check_json_len(len), refused) {
+            (Ok(()), None) => {}
+            (Err(Error::InvalidMetadata { field, reason }), Some(expected)) => {
+                assert_eq!(field, "json");
+                assert_eq!(reason, expected);
+            }
+            (other, expected) => panic!("{len} bytes gave {other:?}, expected {expected:?}"),
+        }
+    }
+
+    #[rstest]
+    #[case::none(0, true)]
+    #[case::at_the_limit(MAX_DESCRIPTORS, true)]
+    #[case::one_past(MAX_DESCRIPTORS + 1, false)]
+    fn descriptor_count_is_checked_against_the_limit(#[case] count: usize, #[case] ok: bool) {
+        match check_descriptor_count(count) {
+            Ok(()) => assert!(ok, "{count} accepted"),
+            Err(Error::InvalidMetadata { field, reason }) => {
+                assert!(!ok, "{count} refused");
+                assert_eq!(field, "descriptors");
+                assert_eq!(reason, "more than 1048576 descriptors");
+            }
+            Err(other) => panic!("{count} gave {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_parser_and_the_public_checks_refuse_alike() {
+        let huge = " ".repeat(MAX_JSON_BYTES + 1);
+        let parsed = RdmaMetadata::from_slice(huge.as_bytes())
+            .err()
+            .map(|e| e.to_string());
+        let checked = check_json_len(huge.len()).err().map(|e| e.to_string());
+        assert!(parsed.is_some());
+        assert_eq!(parsed, checked);
+        let kind = RdmaMetadata::from_json(&json_with("operation_kind", "3"))
+            .err()
+            .map(|e| e.to_string());
+        assert_eq!(
+            kind,
+            OperationKind::try_from(3u64).err().map(|e| e.to_string())
+        );
     }
 
     #[test]

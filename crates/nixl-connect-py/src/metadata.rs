@@ -18,8 +18,8 @@ use std::fmt;
 use std::sync::{Arc, OnceLock};
 
 use descriptor_core::{
-    Device, Error, MAX_DESCRIPTORS, MAX_JSON_BYTES, OperationKind, RdmaMetadata,
-    SerializedDescriptor, decode_agent_metadata, encode_agent_metadata,
+    Device, Error, MAX_DESCRIPTORS, OperationKind, RdmaMetadata, SerializedDescriptor,
+    check_descriptor_count, check_json_len, decode_agent_metadata_cached, encode_agent_metadata,
 };
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -70,9 +70,10 @@ impl PyMetadata {
 
     /// What pydantic-core writes for the model `model` builds: compact, in
     /// field order, strings escaped as serde_json escapes them (as
-    /// pydantic-core does), integers in decimal. Written by hand: through
-    /// serde's derive each device went through `Display` and took a third of
-    /// the time.
+    /// pydantic-core does), integers in decimal. Written by hand so that a
+    /// run of descriptors on one device formats its device once (serde's
+    /// derive formats each one through `Display`). Why: the Outcome of
+    /// docs/decisions/0011-registered-memory-and-views.md, Python metadata.
     fn write_json(&self) -> Result<String, String> {
         let failed = |e: serde_json::Error| format!("cannot write the metadata's JSON: {e}");
         let descriptors = self.inner.descriptors();
@@ -110,18 +111,11 @@ impl PyMetadata {
         out.extend_from_slice(b",\"operation_kind\":");
         out.extend_from_slice(
             numbers
-                .format(kind_number(self.inner.operation_kind()))
+                .format(u8::from(self.inner.operation_kind()))
                 .as_bytes(),
         );
         out.push(b'}');
         String::from_utf8(out).map_err(|e| format!("the metadata's JSON is not UTF-8: {e}"))
-    }
-}
-
-pub(crate) fn kind_number(kind: OperationKind) -> u8 {
-    match kind {
-        OperationKind::Read => 1,
-        OperationKind::Write => 2,
     }
 }
 
@@ -183,7 +177,7 @@ impl PyMetadata {
     /// 1 (readable: the peer READs) or 2 (writable: the peer WRITEs).
     #[getter]
     fn operation_kind(&self) -> u8 {
-        kind_number(self.inner.operation_kind())
+        self.inner.operation_kind().into()
     }
 
     /// The key the peer's notification carries.
@@ -503,13 +497,13 @@ unsafe fn entry_is(
 }
 
 /// The cyclic garbage collector paused while it lives (if it was enabled),
-/// for a burst of allocations: every 700 new instances would start a
-/// collection, and the survivors (all of them) a full one every few
-/// documents, each traversing every object of the process. Paused, a
-/// document costs one collection of its young objects, after. Measured at
-/// 4096 descriptors (parse, dump and both, freeing included, on a loaded
-/// 2-core machine): 19-20 ms an iteration with collections, 6.4-7.8 paused;
-/// 28-31 against 7.9-8.2 with 300,000 other objects alive. Nothing else can see the pause: the GIL is held
+/// for a burst of allocations: CPython's default threshold would start a
+/// collection every few hundred new instances, and the survivors (all of
+/// them) a full one every few documents, each traversing every object of
+/// the process, so a large document's cost would grow with the process's
+/// heap. Paused, a document costs one collection of its young objects,
+/// after. Why: the Outcome of docs/decisions/0011-registered-memory-and-views.md,
+/// Python metadata. Nothing else can see the pause: the GIL is held
 /// throughout and no Python code runs while it lasts.
 struct GcPaused(bool);
 
@@ -621,13 +615,6 @@ fn force_setattr(
     }
 }
 
-fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Error {
-    Error::InvalidMetadata {
-        field: field.into(),
-        reason: reason.into(),
-    }
-}
-
 /// A document's fields as given, before the core validates them.
 struct Given<'a> {
     descriptors: Vec<GivenDescriptor<'a>>,
@@ -656,7 +643,7 @@ fn validated(given: Given<'_>) -> Result<PyMetadata, Error> {
             _ => {
                 let device: Device = d.device.parse()?;
                 if device.to_string() != d.device {
-                    return Err(invalid(
+                    return Err(Error::invalid_metadata(
                         format!("descriptors[{i}].device"),
                         format!("{:?} is not written as {device}", d.device),
                     ));
@@ -671,17 +658,8 @@ fn validated(given: Given<'_>) -> Result<PyMetadata, Error> {
             size: d.size,
         });
     }
-    let operation_kind = match given.operation_kind {
-        1 => OperationKind::Read,
-        2 => OperationKind::Write,
-        other => {
-            return Err(invalid(
-                "operation_kind",
-                format!("{other} is neither 1 (read) nor 2 (write)"),
-            ));
-        }
-    };
-    let agent_metadata = decode_remembered(&given.nixl_metadata)?;
+    let operation_kind = OperationKind::try_from(given.operation_kind)?;
+    let agent_metadata = decode_agent_metadata_cached(&given.nixl_metadata)?;
     let inner = RdmaMetadata::new(
         operation_kind,
         descriptors,
@@ -694,57 +672,10 @@ fn validated(given: Given<'_>) -> Result<PyMetadata, Error> {
     ))
 }
 
-/// The longest `nixl_metadata` string, and the largest blob, that
-/// [`decode_remembered`] remembers (a copy of each stays with the thread).
-const REMEMBERED_MAX: (usize, usize) = (64 << 10, 256 << 10);
-
-thread_local! {
-    /// The `nixl_metadata` string this thread decoded last, and its blob.
-    /// A peer whose registrations do not change (a pool registered once)
-    /// publishes the same agent metadata with every operation, and inflating
-    /// it again cost 4-5 µs: most of a one-descriptor parse.
-    static LAST_DECODED: std::cell::RefCell<Option<(Box<str>, Vec<u8>)>> =
-        const { std::cell::RefCell::new(None) };
-}
-
-/// `decode_agent_metadata`, but the same string as this thread's previous
-/// one costs a comparison and a copy.
-fn decode_remembered(encoded: &str) -> Result<Vec<u8>, Error> {
-    let known = LAST_DECODED
-        .try_with(|last| {
-            last.borrow()
-                .as_ref()
-                .filter(|(text, _)| **text == *encoded)
-                .map(|(_, blob)| blob.clone())
-        })
-        .ok()
-        .flatten();
-    if let Some(blob) = known {
-        return Ok(blob);
-    }
-    let blob = decode_agent_metadata(encoded)?;
-    let (max_text, max_blob) = REMEMBERED_MAX;
-    if encoded.len() <= max_text && blob.len() <= max_blob {
-        // A thread being torn down just does not remember.
-        let _ = LAST_DECODED.try_with(|last| {
-            *last.borrow_mut() = Some((encoded.into(), blob.clone()));
-        });
-    }
-    Ok(blob)
-}
-
 fn exact_json(json: &[u8]) -> Result<PyMetadata, Error> {
-    if json.len() > MAX_JSON_BYTES {
-        return Err(invalid(
-            "json",
-            format!(
-                "{} bytes exceeds the limit of {MAX_JSON_BYTES} bytes",
-                json.len()
-            ),
-        ));
-    }
+    check_json_len(json.len())?;
     let given: Given<'_> =
-        serde_json::from_slice(json).map_err(|e| invalid("json", e.to_string()))?;
+        serde_json::from_slice(json).map_err(|e| Error::invalid_metadata("json", e.to_string()))?;
     validated(given)
 }
 
@@ -762,12 +693,7 @@ fn exact_dict(document: &Bound<'_, PyAny>) -> PyResult<PyMetadata> {
     let list = list
         .cast_exact::<PyList>()
         .map_err(|_| not_exact("descriptors is not a list"))?;
-    if list.len() > MAX_DESCRIPTORS {
-        return Err(to_py(invalid(
-            "descriptors",
-            format!("more than {MAX_DESCRIPTORS} descriptors"),
-        )));
-    }
+    check_descriptor_count(list.len()).map_err(to_py)?;
     let names = item_fields(py);
     // The device strings are borrowed from these objects.
     let mut devices = Vec::with_capacity(list.len());
