@@ -1,10 +1,12 @@
-//! The [`RegistrationBackend`] implementation: [`NixlBackend`]'s calls, each
-//! delegating its policy (the route, the watcher, the peers' plan) to the
-//! module named for it.
+//! [`NixlBackend`] and its [`RegistrationBackend`] implementation: its
+//! calls, each delegating its policy (the route, the watcher, the peers'
+//! plan) to the module named for it. Its fields are its own: the builder
+//! hands it the agents ([`NixlBackend::from_agents`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use descriptor_core::{
@@ -15,12 +17,15 @@ use descriptor_core::{
 use nixl_sys::{Agent, NixlError, OptArgs, XferOp};
 
 use crate::agent_metadata::AgentMetadata;
-use crate::agents::{NAME, Range, Region, lock, malformed, mem_of, nixl_error, run_lists};
-use crate::peers::Peers;
+use crate::agents::Agents;
+use crate::error::{NAME, malformed, nixl_error};
+use crate::memory::{Range, Region, mem_of, run_lists};
+use crate::peers::PeerLoader;
 use crate::route::{self, Route};
-use crate::scope::MetadataScope;
+use crate::scope::{ExposureMetadata, MetadataScope};
+use crate::sync::lock;
 use crate::transfer::{ApartNotification, Asker, Transfer};
-use crate::unreachable::Unreachable;
+use crate::tuning::Tuning;
 use crate::watcher::{self, Kick, Live};
 
 /// A real NIXL agent (UCX by default) implementing [`RegistrationBackend`].
@@ -39,38 +44,96 @@ use crate::watcher::{self, Kick, Live};
 /// connector leaks, rather than frees, memory a peer may still touch.
 pub struct NixlBackend {
     /// The agents, the transfers and what the watcher thread shares.
-    pub(crate) live: Arc<Live>,
+    live: Arc<Live>,
     /// The watcher thread, once the connector installed its event hook.
-    pub(crate) watcher: Mutex<Option<std::thread::JoinHandle<()>>>,
-    pub(crate) name: String,
-    pub(crate) scope: MetadataScope,
-    pub(crate) next_id: AtomicU64,
-    pub(crate) regions: Mutex<HashMap<u64, Region>>,
-    /// The peers loaded, what NIXL holds for each and the name it knows each
-    /// by (see [`crate::peers`]).
-    pub(crate) peers: Mutex<Peers>,
-    /// Held across a peer's load or unload, NIXL's calls included: each is
-    /// planned against what NIXL holds, which another would change midway.
-    /// Transfers do not take it.
-    pub(crate) loading: Mutex<()>,
-    /// This agent's connection-only metadata, made once.
-    pub(crate) connection_md: Mutex<Option<Vec<u8>>>,
-    /// Peers' connection infos UCX could not connect to, lately.
-    pub(crate) unreachable: Mutex<Unreachable>,
+    watcher: Mutex<Option<JoinHandle<()>>>,
+    name: String,
+    /// What exposures publish, in the builder's [`MetadataScope`].
+    metadata: ExposureMetadata,
+    next_id: AtomicU64,
+    regions: Mutex<HashMap<u64, Region>>,
+    /// The peers loaded into the agents, and loading them (see
+    /// [`crate::peers`]).
+    peers: PeerLoader,
 }
 
 impl std::fmt::Debug for NixlBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NixlBackend")
             .field("agent", &self.name)
-            .field("scope", &self.scope)
+            .field("scope", &self.metadata.scope())
             .finish()
     }
 }
 
 impl NixlBackend {
-    pub(crate) fn id(&self) -> u64 {
+    /// A backend called `name` over `agents`, as the builder made them.
+    pub(crate) fn from_agents(
+        name: String,
+        agents: Agents,
+        scope: MetadataScope,
+        tuning: Tuning,
+    ) -> NixlBackend {
+        NixlBackend {
+            peers: PeerLoader::new(&name, &agents, &tuning),
+            live: Arc::new(Live::new(agents, tuning)),
+            watcher: Mutex::new(None),
+            name,
+            metadata: ExposureMetadata::new(scope),
+            next_id: AtomicU64::new(1),
+            regions: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The parameters the agent's `plugin` backend runs with (the plugin's
+    /// defaults with the builder's settings applied), as NIXL reports them;
+    /// `None` if the agent did not load `plugin`.
+    pub fn plugin_params(&self, plugin: &str) -> Result<Option<Vec<(String, String)>>> {
+        let agent = &self.live.agents.serving;
+        let Some(backend) = agent.get_backend(plugin) else {
+            return Ok(None);
+        };
+        let context = || format!("read {plugin} parameters (agent {:?})", self.name);
+        let (_, params) = agent
+            .get_backend_params(&backend)
+            .map_err(|e| nixl_error(context(), e))?;
+        let pairs = params
+            .iter()
+            .map_err(|e| nixl_error(context(), e))?
+            .map(|pair| pair.map(|(k, v)| (k.to_owned(), v.to_owned())))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| nixl_error(context(), e))?;
+        Ok(Some(pairs))
+    }
+
+    /// This agent's full metadata as NIXL serializes it (`getLocalMD`: its
+    /// connection info and every region registered with it), whatever the
+    /// [`MetadataScope`] (an exposure publishes only its regions): what
+    /// Dynamo's `Connection.metadata` returns (`nixl_agent.get_agent_metadata()`).
+    /// With NIXL's progress thread on, the serving agent's (the one peers
+    /// reach).
+    pub fn agent_metadata(&self) -> Result<Vec<u8>> {
+        self.live
+            .agents
+            .serving
+            .get_local_md()
+            .map_err(|e| nixl_error("get agent metadata", e))
+    }
+
+    /// Makes the first transfers to `peer`, loaded already, as fast as the
+    /// steady ones: a one-byte READ of the peer's first host region (nothing
+    /// written there, nobody notified) through each agent that may post to
+    /// it, which sets up what UCX makes only on a first transfer. NIXL's
+    /// `make_connection` is not enough: it returns before the peer answered,
+    /// and the first transfer after it was as slow as without it
+    /// (docs/decisions/0008-no-proactive-make-connection.md). A peer with no
+    /// host region (only GPU memory) is only loaded.
+    pub fn warm_up(&self, peer: &str) -> Result<()> {
+        self.peers.warm_up(&self.live.agents, peer)
     }
 }
 
@@ -165,7 +228,9 @@ impl RegistrationBackend for NixlBackend {
                 .map(|(_, segment)| segment)
                 .collect::<Vec<_>>()
         };
-        let agent_metadata = self.exposure_md(&segments)?;
+        let agent_metadata = self
+            .metadata
+            .exposure_md(&self.live.agents.serving, &segments)?;
         // A peer may notify from now on: the watcher looks for notifications.
         self.live.kick(Kick::Exposed);
         Ok(Exposure {
@@ -192,7 +257,7 @@ impl RegistrationBackend for NixlBackend {
     /// under a new NIXL name.
     fn load_remote(&self, agent_metadata: &[u8]) -> Result<String> {
         let md = AgentMetadata::parse(agent_metadata).map_err(malformed)?;
-        self.load_peer(&md)?;
+        self.peers.load(&self.live.agents, &md)?;
         Ok(md.name)
     }
 
@@ -204,7 +269,7 @@ impl RegistrationBackend for NixlBackend {
 
     /// Unloads every name NIXL knows the peer by (its earlier ones too).
     fn unload_remote(&self, peer: &str) -> Result<()> {
-        self.unload_peer(peer)
+        self.peers.unload(&self.live.agents, peer)
     }
 
     unsafe fn post(&self, request: &TransferRequest<'_>) -> Result<Posted> {
@@ -221,7 +286,7 @@ impl RegistrationBackend for NixlBackend {
         };
         // Counted in flight against its NIXL name until released, so that
         // an earlier name of the peer is unloaded only once unused.
-        let (posting, spans) = Peers::posting(&self.peers, request.peer, request.remote.len() > 1);
+        let (posting, spans) = self.peers.posting(request.peer, request.remote.len() > 1);
         let nixl_peer = posting.name().to_owned();
         // Neighbouring pairs go as one descriptor: NIXL's `create_xfer_req`
         // does not merge them, and a request's cost grows with its
@@ -336,7 +401,7 @@ impl RegistrationBackend for NixlBackend {
         }
         let removed = lock(&self.live.transfers).remove(&transfer.0);
         if let Some(t) = &removed {
-            lock(&self.peers).posted(&t.peer);
+            self.peers.posted(&t.peer);
         }
         drop(removed);
         Ok(Release::LetGo)

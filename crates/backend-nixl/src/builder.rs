@@ -1,23 +1,23 @@
 //! [`NixlBackendBuilder`]: plugins and their parameters, NIXL's progress
 //! thread, thread sync, metadata scope, the notification route and the
 //! timing knobs.
+//!
+//! [`NixlBackend::new`] and [`NixlBackend::builder`] are here, the
+//! builder's entry points, so that `backend.rs` does not depend on the
+//! builder: the builder makes the agents and hands them to
+//! [`NixlBackend::from_agents`].
 
-use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use descriptor_core::{Error, Result};
 use nixl_sys::{Agent, AgentConfig, ThreadSync};
 
-use crate::agents::{Agents, NAME, initiator_name, nixl_error};
+use crate::agents::{Agents, initiator_name};
 use crate::backend::NixlBackend;
-use crate::peers::Peers;
+use crate::error::{NAME, nixl_error};
 use crate::runtime;
 use crate::scope::MetadataScope;
 use crate::tuning::{Notifications, Tuning};
-use crate::unreachable::Unreachable;
-use crate::watcher::Live;
 
 /// Builds a [`NixlBackend`]: transport plugins and their parameters, progress
 /// thread, thread-sync mode, metadata scope, notification route and
@@ -38,8 +38,9 @@ pub struct NixlBackendBuilder {
 
 impl NixlBackend {
     /// An agent named `name` with the defaults: UCX, NIXL's progress thread
-    /// with a 100 ms delay (event-driven), strict thread sync, [`MetadataScope::Agent`]
-    /// metadata, notifications apart, [`Tuning::default`].
+    /// (event-driven, with [`Tuning::progress_thread_delay`]), strict thread
+    /// sync, [`MetadataScope::Agent`] metadata, notifications apart,
+    /// [`Tuning::default`].
     pub fn new(name: &str) -> Result<NixlBackend> {
         NixlBackend::builder(name).build()
     }
@@ -57,27 +58,6 @@ impl NixlBackend {
             tuning: Tuning::default(),
             log_level: None,
         }
-    }
-
-    /// The parameters the agent's `plugin` backend runs with (the plugin's
-    /// defaults with the builder's settings applied), as NIXL reports them;
-    /// `None` if the agent did not load `plugin`.
-    pub fn plugin_params(&self, plugin: &str) -> Result<Option<Vec<(String, String)>>> {
-        let agent = &self.live.agents.serving;
-        let Some(backend) = agent.get_backend(plugin) else {
-            return Ok(None);
-        };
-        let context = || format!("read {plugin} parameters (agent {:?})", self.name);
-        let (_, params) = agent
-            .get_backend_params(&backend)
-            .map_err(|e| nixl_error(context(), e))?;
-        let pairs = params
-            .iter()
-            .map_err(|e| nixl_error(context(), e))?
-            .map(|pair| pair.map(|(k, v)| (k.to_owned(), v.to_owned())))
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| nixl_error(context(), e))?;
-        Ok(Some(pairs))
     }
 }
 
@@ -151,7 +131,8 @@ impl NixlBackendBuilder {
     }
 
     /// The longest NIXL's progress thread, if enabled, sleeps waiting for
-    /// traffic: sets [`Tuning::progress_thread_delay`] (default 100 ms).
+    /// traffic: sets [`Tuning::progress_thread_delay`] (default:
+    /// [`Tuning::default`]'s).
     pub fn progress_thread_delay(mut self, delay: Duration) -> Self {
         self.tuning.progress_thread_delay = delay;
         self
@@ -231,18 +212,12 @@ impl NixlBackendBuilder {
         runtime::apply_ucx_log_level();
         let agents = Agents::new(serving, initiator, self.notifications);
         tracing::debug!(agent = %self.name, two_agents = agents.two(), notifications = ?agents.notifications, ?plugins, scope = ?self.scope, "created NIXL agents");
-        Ok(NixlBackend {
-            unreachable: Mutex::new(Unreachable::new(self.tuning.unreachable_for)),
-            peers: Mutex::new(Peers::new(self.tuning.compact_peers_above)),
-            live: Arc::new(Live::new(agents, self.tuning)),
-            watcher: Mutex::new(None),
-            name: self.name,
-            scope: self.scope,
-            next_id: AtomicU64::new(1),
-            regions: Mutex::new(HashMap::new()),
-            loading: Mutex::new(()),
-            connection_md: Mutex::new(None),
-        })
+        Ok(NixlBackend::from_agents(
+            self.name,
+            agents,
+            self.scope,
+            self.tuning,
+        ))
     }
 
     /// One NIXL agent called `name`, with the builder's plugins and settings.

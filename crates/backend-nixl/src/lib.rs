@@ -27,7 +27,8 @@
 //! each linked to the decision record that measured it.
 //!
 //! The first transfer between two fresh processes pays for UCX's connection
-//! setup (tens of milliseconds, against about one steady): a one-shot user
+//! setup, many times a steady transfer's time (measured in
+//! docs/decisions/0008-no-proactive-make-connection.md): a one-shot user
 //! calls [`Connector::warm_up`](descriptor_core::Connector::warm_up) with the
 //! peer's metadata first. A peer that cannot be reached (exited) makes
 //! loading its metadata fail with an error that says "peer unreachable
@@ -68,10 +69,14 @@ mod agent_metadata;
 mod agents;
 mod backend;
 mod builder;
+mod error;
+mod memory;
 mod peers;
 mod route;
 pub mod runtime;
 mod scope;
+mod spans;
+mod sync;
 mod transfer;
 mod tuning;
 mod unreachable;

@@ -11,9 +11,7 @@ use std::time::Instant;
 use descriptor_core::{SharedCause, TransferState};
 use nixl_sys::{Agent, XferRequest, XferStatus};
 
-use crate::agents::lock;
 use crate::route::Route;
-use crate::watcher::Live;
 
 /// A posted transfer.
 pub(crate) struct Transfer {
@@ -64,7 +62,8 @@ pub(crate) enum Look {
     /// serving endpoint as proven, after it released the transfer map's lock.
     Proved { peer: String },
     /// NIXL reports it done, and its notification is the caller's to send,
-    /// after it released the transfer map's lock ([`Live::send_apart`]).
+    /// after it released the transfer map's lock
+    /// ([`Live::send_apart`](crate::watcher::Live::send_apart)).
     SendApart(ApartNotification),
 }
 
@@ -124,60 +123,11 @@ impl Transfer {
         self.finished = Some(state.clone());
         Look::Ended(state)
     }
-}
 
-impl Live {
-    /// The state of transfer `id` (`InProgress` while it runs), `None` if
-    /// there is no such transfer. Looks through the agent that posted it
-    /// and, if the transfer's notification is due, sends it once the map's
-    /// lock is released.
-    pub(crate) fn state(&self, id: u64, asker: Asker) -> Option<TransferState> {
-        let look = {
-            let mut transfers = lock(&self.transfers);
-            let t = transfers.get_mut(&id)?;
-            if asker == Asker::Waiter {
-                t.assisted = Some(Instant::now());
-            }
-            t.look(self.agents.posting(t.route.poster()))
-        };
-        Some(self.settle(id, look))
-    }
-
-    /// Acts on a look taken under the transfer map's lock, after it: sends
-    /// a notification that is due, records a proven endpoint.
-    pub(crate) fn settle(&self, id: u64, look: Look) -> TransferState {
-        match look {
-            Look::Running => TransferState::InProgress,
-            Look::Ended(state) => state,
-            Look::Proved { peer } => {
-                self.agents.notifiers.proved(&peer);
-                TransferState::Done
-            }
-            Look::SendApart(apart) => self.send_apart(id, &apart),
-        }
-    }
-
-    /// Sends, from the serving agent, the notification that a look at
-    /// transfer `id` handed out ([`Look::SendApart`]), and records the
-    /// transfer's end: Done once NIXL took the notification, else why not
-    /// (the bytes moved, but the peer was not told). A system call: called
-    /// without the transfer map's lock, which it takes only to record.
-    fn send_apart(&self, id: u64, apart: &ApartNotification) -> TransferState {
-        let state = match self
-            .agents
-            .serving
-            .send_notification(&apart.peer, &apart.payload, None)
-        {
-            Ok(()) => TransferState::Done,
-            Err(e) => TransferState::failed(format!(
-                "the transfer completed, but sending its notification to peer {:?} failed: {e}",
-                apart.peer
-            )),
-        };
-        if let Some(t) = lock(&self.transfers).get_mut(&id) {
-            t.notifying = false;
-            t.finished = Some(state.clone());
-        }
-        state
+    /// The notification a look handed out ([`Look::SendApart`]) was sent,
+    /// or failed: the transfer ended as `state`.
+    pub(crate) fn notified(&mut self, state: TransferState) {
+        self.notifying = false;
+        self.finished = Some(state);
     }
 }

@@ -67,7 +67,9 @@ pub struct Tuning {
     ///
     /// The price: a small transfer that nobody waits on, polls or cancels is
     /// moved on (its notification sent) only at the next look at the
-    /// operation, or at the connector's 100 ms safety poll.
+    /// operation, or at the connector's safety poll (its engine's own look
+    /// while work is in flight, `EVENT_SAFETY_POLL` in descriptor-core's
+    /// `engine.rs`): docs/decisions/0002-watcher-thread.md, "Consequences".
     ///
     /// [`RegistrationBackend::awaiting_end`]: descriptor_core::RegistrationBackend::awaiting_end
     pub follow_at_post: usize,
@@ -88,14 +90,12 @@ pub struct Tuning {
     /// the peer loaded so far) before the peer is reloaded under a fresh
     /// NIXL name with only the regions of its latest blobs, which bounds
     /// the memory a long-lived peer that registers fresh memory per
-    /// operation costs (about 0.5 KiB a region, in NIXL and here). Each
-    /// such compaction makes new UCX endpoints to the peer, and NIXL 1.5.1
-    /// leaks about two file descriptors per agent for the old ones (never
-    /// destroyed when closed without force): a trade of memory for file
-    /// descriptors, measured in `cargo xtask soak` (a compaction every few
-    /// seconds at 4,096 regions leaked over a file descriptor a second).
-    /// The default, 262,144 (about 128 MiB a peer), makes compactions rare;
-    /// 0 turns them off; values under 4,096 count as 4,096.
+    /// operation costs. Each such compaction makes new UCX endpoints to the
+    /// peer, and NIXL 1.5.1 leaks file descriptors for the old ones: a
+    /// trade of memory for file descriptors, and the default makes
+    /// compactions rare. 0 turns them off; values under 4,096 count as
+    /// 4,096. Why the default, with the soak's numbers:
+    /// docs/decisions/0013-peer-record-compaction.md.
     pub compact_peers_above: usize,
 }
 

@@ -2,13 +2,14 @@
 //!
 //! NIXL 1.5.1 keeps a socket in UCX for every failed attempt to connect to
 //! a peer that exited, and one more for the probe that tells such a peer
-//! from a refused region (`NixlBackend::unreachable`); neither can be closed
-//! through NIXL (the names were never loaded, so there is nothing to
-//! invalidate). A worker that retries a dead peer would run out of file
-//! descriptors. So a peer's connection info found unreachable is
-//! remembered, and loads of it within [`Tuning::unreachable_for`] are
-//! refused at once, without asking UCX: a dead peer costs two descriptors
-//! per that time, whatever the number of retries.
+//! from a refused region (`is_unreachable` in [`crate::peers`]'s loader);
+//! neither can be closed through NIXL (the names were never loaded, so
+//! there is nothing to invalidate). A worker that retries a dead peer
+//! would run out of file descriptors. So a peer's connection info found
+//! unreachable is remembered, and loads of it within
+//! [`Tuning::unreachable_for`] are refused at once, without asking UCX: a
+//! dead peer costs two descriptors per that time, whatever the number of
+//! retries.
 //!
 //! The key is the connection info itself (UCX: the worker address, new in
 //! every process): a peer restarted under its name has another, and is
@@ -40,6 +41,11 @@ impl Unreachable {
             window,
             seen: HashMap::new(),
         }
+    }
+
+    /// How long a refusal is remembered.
+    pub(crate) fn window(&self) -> Duration {
+        self.window
     }
 
     /// How long ago `conns` was found unreachable, if that is still

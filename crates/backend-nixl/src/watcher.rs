@@ -19,11 +19,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError, TryLockError};
 use std::time::Instant;
 
-use descriptor_core::{EventHook, Notification};
+use descriptor_core::{EventHook, Notification, TransferState};
 use nixl_sys::NotificationMap;
 
-use crate::agents::{Agents, lock};
-use crate::transfer::{Asker, Look, Transfer};
+use crate::agents::Agents;
+use crate::sync::lock;
+use crate::transfer::{ApartNotification, Asker, Look, Transfer};
 use crate::tuning::Tuning;
 
 thread_local! {
@@ -260,5 +261,61 @@ impl Live {
             };
             agenda.asleep = false;
         }
+    }
+}
+
+// A transfer's state, asked by the backend and by the watcher's pass.
+impl Live {
+    /// The state of transfer `id` (`InProgress` while it runs), `None` if
+    /// there is no such transfer. Looks through the agent that posted it
+    /// and, if the transfer's notification is due, sends it once the map's
+    /// lock is released.
+    pub(crate) fn state(&self, id: u64, asker: Asker) -> Option<TransferState> {
+        let look = {
+            let mut transfers = lock(&self.transfers);
+            let t = transfers.get_mut(&id)?;
+            if asker == Asker::Waiter {
+                t.assisted = Some(Instant::now());
+            }
+            t.look(self.agents.posting(t.route.poster()))
+        };
+        Some(self.settle(id, look))
+    }
+
+    /// Acts on a look taken under the transfer map's lock, after it: sends
+    /// a notification that is due, records a proven endpoint.
+    pub(crate) fn settle(&self, id: u64, look: Look) -> TransferState {
+        match look {
+            Look::Running => TransferState::InProgress,
+            Look::Ended(state) => state,
+            Look::Proved { peer } => {
+                self.agents.notifiers.proved(&peer);
+                TransferState::Done
+            }
+            Look::SendApart(apart) => self.send_apart(id, &apart),
+        }
+    }
+
+    /// Sends, from the serving agent, the notification that a look at
+    /// transfer `id` handed out ([`Look::SendApart`]), and records the
+    /// transfer's end: Done once NIXL took the notification, else why not
+    /// (the bytes moved, but the peer was not told). A system call: called
+    /// without the transfer map's lock, which it takes only to record.
+    fn send_apart(&self, id: u64, apart: &ApartNotification) -> TransferState {
+        let state = match self
+            .agents
+            .serving
+            .send_notification(&apart.peer, &apart.payload, None)
+        {
+            Ok(()) => TransferState::Done,
+            Err(e) => TransferState::failed(format!(
+                "the transfer completed, but sending its notification to peer {:?} failed: {e}",
+                apart.peer
+            )),
+        };
+        if let Some(t) = lock(&self.transfers).get_mut(&id) {
+            t.notified(state.clone());
+        }
+        state
     }
 }
