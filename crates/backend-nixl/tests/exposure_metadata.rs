@@ -106,8 +106,8 @@ fn an_exposures_blob_lists_only_its_regions_and_does_not_grow_with_abandoned_one
     first.wait_timeout(WAIT).unwrap();
 
     // 200 readables abandoned: NIXL cannot revoke, so each stays registered
-    // with the serving agent (leaked), and none of them travels with a later
-    // exposure.
+    // with the serving agent for its quarantine's window (decision 0014),
+    // and none of them travels with a later exposure.
     for _ in 0..200 {
         server.create_readable(filled(0, 1 << 16)).unwrap().cancel();
     }

@@ -12,6 +12,7 @@ use crate::operation::state::{OpShared, OperationStatus, Pending, Role};
 use crate::operation::{
     Held, OperationCore, ReadOperation, ReadableOperation, WritableOperation, WriteOperation,
 };
+use crate::quarantine::{Quarantine, QuarantinePolicy, Quarantined};
 use crate::remote::{DEFAULT_MAX_IDLE_PEERS, RemoteCache};
 
 static NEXT_CONNECTOR_ID: AtomicU64 = AtomicU64::new(1);
@@ -33,6 +34,8 @@ struct Inner {
     backend: Arc<dyn RegistrationBackend>,
     engine: Arc<Engine>,
     remotes: Arc<RemoteCache>,
+    /// The memory of exposures abandoned before their peer's word.
+    quarantine: Arc<Quarantine>,
     /// Backend registrations made so far.
     registrations: AtomicU64,
 }
@@ -47,6 +50,7 @@ impl Drop for Inner {
 pub struct ConnectorBuilder {
     backend: Arc<dyn RegistrationBackend>,
     max_idle_peers: usize,
+    quarantine: Option<QuarantinePolicy>,
 }
 
 impl std::fmt::Debug for ConnectorBuilder {
@@ -54,6 +58,7 @@ impl std::fmt::Debug for ConnectorBuilder {
         f.debug_struct("ConnectorBuilder")
             .field("backend", &self.backend.backend_name())
             .field("max_idle_peers", &self.max_idle_peers)
+            .field("quarantine", &self.quarantine)
             .finish()
     }
 }
@@ -67,9 +72,18 @@ impl ConnectorBuilder {
         self
     }
 
+    /// How long the memory of an exposure abandoned before its peer's word
+    /// is kept before it is freed, on a backend that cannot cut a peer off
+    /// (see [`QuarantinePolicy`]; default: [`QuarantinePolicy::from_env`]).
+    pub fn quarantine(mut self, policy: QuarantinePolicy) -> Self {
+        self.quarantine = Some(policy);
+        self
+    }
+
     /// The connector.
     pub fn build(self) -> Connector {
         let backend = self.backend;
+        let quarantine = self.quarantine.unwrap_or_default();
         Connector {
             inner: Arc::new(Inner {
                 id: NEXT_CONNECTOR_ID.fetch_add(1, Ordering::Relaxed),
@@ -77,6 +91,7 @@ impl ConnectorBuilder {
                 engine: Engine::new(Arc::clone(&backend)),
                 remotes: Arc::new(RemoteCache::new(Arc::clone(&backend), self.max_idle_peers)),
                 backend,
+                quarantine: Arc::new(Quarantine::new(quarantine)),
                 registrations: AtomicU64::new(0),
             }),
         }
@@ -101,19 +116,21 @@ impl Connector {
     /// A connector over a shared backend. Give each backend to one connector only:
     /// the connector's engine consumes the backend's notifications.
     pub fn from_arc(backend: Arc<dyn RegistrationBackend>) -> Connector {
+        Connector::builder_from_arc(backend).build()
+    }
+
+    /// A builder over a shared backend (see [`from_arc`](Self::from_arc)).
+    pub fn builder_from_arc(backend: Arc<dyn RegistrationBackend>) -> ConnectorBuilder {
         ConnectorBuilder {
             backend,
             max_idle_peers: DEFAULT_MAX_IDLE_PEERS,
+            quarantine: None,
         }
-        .build()
     }
 
     /// A builder, for settings other than the defaults.
     pub fn builder(backend: impl RegistrationBackend) -> ConnectorBuilder {
-        ConnectorBuilder {
-            backend: Arc::new(backend),
-            max_idle_peers: DEFAULT_MAX_IDLE_PEERS,
-        }
+        Connector::builder_from_arc(Arc::new(backend))
     }
 
     /// The agent name peers know this connector by.
@@ -186,6 +203,22 @@ impl Connector {
     /// whatever its views do. Operations over pooled views add none.
     pub fn registrations(&self) -> u64 {
         self.inner.registrations.load(Ordering::Relaxed)
+    }
+
+    /// The memory of abandoned exposures this connector keeps now, for a
+    /// peer that may still touch it (see [`QuarantinePolicy`]); what was due
+    /// is freed first.
+    pub fn quarantined(&self) -> Quarantined {
+        self.inner.quarantine.sweep();
+        self.inner.quarantine.held()
+    }
+
+    /// Frees the memory of every abandoned exposure now, whatever its
+    /// window: for a caller that knows its peers are gone (they exited, or
+    /// were unloaded and cannot reconnect under their name). Returns what was
+    /// freed.
+    pub fn free_quarantined(&self) -> Quarantined {
+        self.inner.quarantine.free_all()
     }
 
     pub(crate) fn count_registration(&self) {
@@ -316,6 +349,8 @@ impl Connector {
         access: OperationKind,
     ) -> Result<(OperationCore, RdmaMetadata)> {
         check_local(&descriptors, access == OperationKind::Write)?;
+        // Abandoned exposures whose window is over are freed as new ones come.
+        self.inner.quarantine.sweep();
         let mut ranges = Vec::with_capacity(descriptors.len());
         for d in &mut descriptors {
             ranges.push(Exposed {
@@ -355,6 +390,7 @@ impl Connector {
             OperationStatus::Initialized,
             Pending::Exposure(exposure.id),
             None,
+            Some(Arc::clone(&self.inner.quarantine)),
         );
         let count = descriptors.len();
         let metadata = match RdmaMetadata::new(access, serialized, exposure.agent_metadata, key) {

@@ -211,6 +211,18 @@ pub enum Error {
     /// A wait gave up before the operation finished; the operation goes on.
     #[error("operation did not finish within {0:?}")]
     TimedOut(Duration),
+
+    /// A setting (an environment variable, an option) has a value that
+    /// cannot be used.
+    #[error("{setting}={value:?}: {reason}")]
+    InvalidSetting {
+        /// The setting's name (`NIXL_CONNECT_QUARANTINE_SECONDS`, ...).
+        setting: String,
+        /// The value given.
+        value: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
 }
 
 /// The passive operation that publishes metadata of this kind.

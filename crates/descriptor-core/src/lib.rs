@@ -100,6 +100,7 @@ mod metadata;
 mod operation;
 mod pool;
 mod probe;
+mod quarantine;
 mod region;
 mod remote;
 mod runs;
@@ -135,5 +136,8 @@ pub use operation::{
 };
 pub use pool::{BlockPool, RegisteredMemory};
 pub use probe::{DeviceInfo, DeviceProbe};
+pub use quarantine::{
+    ENV_QUARANTINE_READABLE_BYTES, ENV_QUARANTINE_SECONDS, QuarantinePolicy, Quarantined,
+};
 pub use remote::DEFAULT_MAX_IDLE_PEERS;
 pub use runs::{Run, Runs};

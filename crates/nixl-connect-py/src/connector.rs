@@ -10,7 +10,7 @@ use std::time::Duration;
 use backend_loopback::{Fabric, LoopbackBackend};
 use backend_nixl::NixlBackend;
 use descriptor_core::faults::{Faults, Faulty};
-use descriptor_core::{Connector, Descriptor, Error, RegistrationBackend};
+use descriptor_core::{Connector, Descriptor, Error, QuarantinePolicy, RegistrationBackend};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -155,6 +155,32 @@ fn pairing_error(error: Error, local: usize) -> PyErr {
     }
 }
 
+/// The quarantine of a new connector: the environment's (or the default),
+/// with what the caller gave in its place.
+fn quarantine_policy(
+    seconds: Option<f64>,
+    readable_bytes: Option<usize>,
+) -> PyResult<QuarantinePolicy> {
+    let mut policy =
+        QuarantinePolicy::from_env().map_err(|e| PyValueError::new_err(e.to_string()))?;
+    if let Some(seconds) = seconds {
+        let hold = if seconds == f64::INFINITY {
+            None
+        } else {
+            Some(Duration::try_from_secs_f64(seconds).map_err(|_| {
+                PyValueError::new_err(format!(
+                    "Argument `quarantine_seconds` must be a non-negative number of seconds or `math.inf`; got {seconds}."
+                ))
+            })?)
+        };
+        policy = policy.with_hold(hold);
+    }
+    if let Some(bytes) = readable_bytes {
+        policy = policy.with_readable_bytes(bytes);
+    }
+    Ok(policy)
+}
+
 #[pymethods]
 impl PyConnector {
     /// A connector named `name` over `backend` (`"nixl"` or `"loopback"`).
@@ -166,14 +192,29 @@ impl PyConnector {
     ///
     /// `site_packages` defaults to `nixl_connect._search_paths()`, as every
     /// entry point that loads the runtime does (`crate::runtime::load`).
-    #[pyo3(signature = (name, backend, site_packages=None, peer_failure_detection=true))]
+    ///
+    /// `quarantine_seconds` (`inf`: forever) and `quarantine_readable_bytes`
+    /// set the connector's `QuarantinePolicy`; each one not given is the
+    /// core's `QuarantinePolicy::from_env`'s (ValueError for an invalid
+    /// environment variable).
+    #[pyo3(signature = (
+        name,
+        backend,
+        site_packages=None,
+        peer_failure_detection=true,
+        quarantine_seconds=None,
+        quarantine_readable_bytes=None,
+    ))]
     fn new(
         py: Python<'_>,
         name: &str,
         backend: &str,
         site_packages: Option<Vec<PathBuf>>,
         peer_failure_detection: bool,
+        quarantine_seconds: Option<f64>,
+        quarantine_readable_bytes: Option<usize>,
     ) -> PyResult<PyConnector> {
+        let quarantine = quarantine_policy(quarantine_seconds, quarantine_readable_bytes)?;
         fork::check()?;
         fork::watch();
         log::install(py)?;
@@ -188,7 +229,7 @@ impl PyConnector {
                 let backend = Faulty::new(backend);
                 faults = Some(backend.faults());
                 wait_assist = backend.wait_assist();
-                Connector::new(backend)
+                Connector::builder(backend).quarantine(quarantine).build()
             }
             "nixl" => {
                 crate::runtime::load(py, site_packages)?;
@@ -207,7 +248,9 @@ impl PyConnector {
                 wait_assist = backend.wait_assist();
                 let backend = Arc::new(backend);
                 agent = Agent::Nixl(Arc::clone(&backend));
-                Connector::from_arc(backend)
+                Connector::builder_from_arc(backend)
+                    .quarantine(quarantine)
+                    .build()
             }
             other => {
                 return Err(PyValueError::new_err(format!(
@@ -223,6 +266,20 @@ impl PyConnector {
             wait_assist,
             agent,
         })
+    }
+
+    /// What the quarantine keeps now: `(exposures, bytes, readable_bytes)`
+    /// (`Connector::quarantined`).
+    fn quarantined(&self) -> (usize, usize, usize) {
+        let q = self.inner.quarantined();
+        (q.exposures, q.bytes, q.readable_bytes)
+    }
+
+    /// Frees everything the quarantine keeps, whatever its window
+    /// (`Connector::free_quarantined`); what was freed, as `quarantined`.
+    fn free_quarantined(&self, py: Python<'_>) -> (usize, usize, usize) {
+        let q = crate::exit::detach(py, || self.inner.free_quarantined());
+        (q.exposures, q.bytes, q.readable_bytes)
     }
 
     /// The agent's metadata, what a peer loads to reach it: NIXL's full

@@ -276,7 +276,7 @@ def test_forged_metadata_is_refused(pair):
 OPERATIONS = {"AbstractOperation", "ActiveOperation", "PassiveOperation", "ReadOperation",
               "WriteOperation", "ReadableOperation", "WritableOperation"}
 PASSIVE = {"AbstractOperation", "PassiveOperation", "ReadableOperation", "WritableOperation"}
-EXTRA_NAMES = {"BlockPool", "RegisteredMemory", "set_nixl_log_level"}
+EXTRA_NAMES = {"BlockPool", "Quarantined", "RegisteredMemory", "set_nixl_log_level"}
 EXTRA_MEMBERS = {  # member -> the classes that have it beyond Dynamo
     "wait": OPERATIONS,
     "wait_for_release": OPERATIONS,
@@ -286,13 +286,16 @@ EXTRA_MEMBERS = {  # member -> the classes that have it beyond Dynamo
     "backend": {"Connector"},
     "peer_failure_detection": {"Connector"},
     "warm_up": {"Connector"},
+    "quarantined": {"Connector"},
+    "free_quarantined": {"Connector"},
     "capacity": {"Descriptor"},
     "is_writable": {"Descriptor"},
     "register_memory": {"Descriptor"},
 }
 EXTRA_PARAMETERS = {  # (class, member) -> parameters appended, each with a default
     **{(op, "wait_for_completion"): ["timeout"] for op in OPERATIONS},
-    ("Connector", "__init__"): ["backend", "await_spin", "peer_failure_detection"],
+    ("Connector", "__init__"): ["backend", "await_spin", "peer_failure_detection",
+                                "quarantine_seconds", "quarantine_readable_bytes"],
 }
 # Dynamo's abstract bases take constructor arguments; here their subclasses
 # build them (their own constructors are Dynamo's).

@@ -181,7 +181,8 @@ def test_a_cancelled_passive_operation_gives_memory_back_only_if_revocable(backe
             again = await c.create_readable(d)  # memory came back
             again.cancel()
         else:
-            # NIXL cannot cut a peer off: the memory stays held (leaked), never freed.
+            # NIXL cannot cut a peer off: the memory stays held (quarantined,
+            # never handed back to this descriptor).
             with pytest.raises(ValueError, match="in use"):
                 await c.create_readable(d)
 

@@ -3,15 +3,16 @@ still holds (issue 48, item 3).
 
 A part's Python `Descriptor` can be dropped while the core still holds its
 bytes: a cancelled transfer still draining, or a NIXL exposure that a cancel
-could not revoke (leaked for the process's life). `free`, `checkout`,
-`blocks` and `descriptor` treat such a part as taken: it comes back by itself
-once the core let go (a drain that ended), and stays out for good while
-leaked. Before the fix, `free` counted it and `checkout` handed it out, and
+could not revoke (quarantined, decision 0014). `free`, `checkout`, `blocks`
+and `descriptor` treat such a part as taken: it comes back by itself once
+the core let go (a drain that ended, a quarantine's window that is over),
+and stays out for good with a quarantine that keeps it forever. Before the fix, `free` counted it and `checkout` handed it out, and
 every operation over it failed ("still held by an operation").
 """
 
 import asyncio
 import gc
+import math
 import random
 
 import numpy as np
@@ -55,13 +56,13 @@ async def read_fill(peer, me, part, fill, size):
 
 def test_nixl_a_part_a_cancelled_readable_leaked_is_never_counted_free_nor_handed_out():
     """The reproducer's case: a readable over block 0 cancelled (NIXL cannot
-    revoke it: leaked), its objects dropped. Block 0 stays out of `free`,
-    `checkout`, `blocks` and `descriptor` for good; the other blocks move
-    bytes as before."""
+    revoke it), its objects dropped, with a quarantine that keeps it forever.
+    Block 0 stays out of `free`, `checkout`, `blocks` and `descriptor` for
+    good; the other blocks move bytes as before."""
     require_backend("nixl")
 
     async def main():
-        c = nc.Connector(backend="nixl")
+        c = nc.Connector(backend="nixl", quarantine_seconds=math.inf)
         reader = nc.Connector(backend="nixl")
         assert not c._native_connector().revocation_enforced
         memory = np.zeros(4 * BLOCK, np.uint8)
@@ -250,3 +251,91 @@ def test_random_checkouts_cancels_and_drops_count_free_only_usable_parts():
             readable.cancel()
 
     run(main(), timeout=120)
+
+
+def test_nixl_a_part_a_cancelled_readable_held_comes_back_when_its_quarantine_ends():
+    """The same cancelled readable over block 0 with a window of 0.2 s: out
+    of `free` and `checkout` while quarantined (counted by `quarantined()`),
+    back in the pool after the window, and then it moves bytes like any
+    other block."""
+    require_backend("nixl")
+
+    async def main():
+        c = nc.Connector(backend="nixl", quarantine_seconds=0.2)
+        reader = nc.Connector(backend="nixl")
+        memory = np.zeros(4 * BLOCK, np.uint8)
+        pool = nc.BlockPool((memory, "cpu"), BLOCK)
+        part = pool.checkout(1)[0]
+        op = await c.create_readable(part)
+        op.cancel()
+        del op, part
+        gc.collect()
+        assert pool.free == 3, "a quarantined block is not free"
+        assert c.quarantined() == nc.Quarantined(1, BLOCK, BLOCK)
+        # The window ends; the next look (here `quarantined()`) frees it.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while c.quarantined().exposures and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        assert c.quarantined() == nc.Quarantined(0, 0, 0)
+        assert await until_free(pool, 4) == 4
+        part = pool.blocks([0])[0]
+        memory[:BLOCK] = 0x5A
+        readable = await c.create_readable(part)
+        out = np.zeros(BLOCK, np.uint8)
+        read = await reader.begin_read(readable.metadata(), nc.Descriptor((out, "cpu")))
+        await read.wait_for_completion()
+        await readable.wait_for_completion()
+        assert int(np.count_nonzero(out != 0x5A)) == 0
+
+    run(main())
+
+
+def test_nixl_a_writable_stays_quarantined_past_the_readables_budget():
+    """A cancelled writable is kept for its whole window even with a
+    readables budget of 0, where a cancelled readable is freed at once (a
+    peer's late WRITE would change freed memory; a late READ would not)."""
+    require_backend("nixl")
+
+    async def main():
+        c = nc.Connector(backend="nixl", quarantine_seconds=3600, quarantine_readable_bytes=0)
+        w = np.zeros(BLOCK, np.uint8)
+        writable = await c.create_writable(nc.Descriptor((w, "cpu")))
+        writable.cancel()
+        r = np.zeros(2 * BLOCK, np.uint8)
+        readable = await c.create_readable(nc.Descriptor((r, "cpu")))
+        readable.cancel()
+        del writable, readable
+        gc.collect()
+        assert c.quarantined() == nc.Quarantined(1, BLOCK, 0)
+        assert c.free_quarantined() == nc.Quarantined(1, BLOCK, 0)
+        assert c.quarantined() == nc.Quarantined(0, 0, 0)
+
+    run(main())
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        ({"quarantine_seconds": -1}, ValueError),
+        ({"quarantine_seconds": float("nan")}, ValueError),
+        ({"quarantine_seconds": "5"}, TypeError),
+        ({"quarantine_seconds": True}, TypeError),
+        ({"quarantine_readable_bytes": -1}, ValueError),
+        ({"quarantine_readable_bytes": 1.5}, TypeError),
+    ],
+)
+def test_bad_quarantine_arguments_are_refused_with_their_name(kwargs, error):
+    with pytest.raises(error, match=next(iter(kwargs))):
+        nc.Connector(backend="loopback", **kwargs)
+
+
+def test_a_bad_quarantine_variable_is_refused_with_its_name(monkeypatch):
+    monkeypatch.setenv("NIXL_CONNECT_QUARANTINE_SECONDS", "soon")
+    c = nc.Connector(backend="loopback")
+    with pytest.raises(ValueError, match="NIXL_CONNECT_QUARANTINE_SECONDS"):
+        c._native_connector()
+    monkeypatch.setenv("NIXL_CONNECT_QUARANTINE_SECONDS", "forever")
+    monkeypatch.setenv("NIXL_CONNECT_QUARANTINE_READABLE_BYTES", "64MiB")
+    with pytest.raises(ValueError, match="NIXL_CONNECT_QUARANTINE_READABLE_BYTES"):
+        nc.Connector(backend="loopback")._native_connector()

@@ -58,3 +58,15 @@ def test_a_cancelled_nixl_read_gives_its_descriptor_back_once_drained():
     assert "dst filled (transfer drained): True" in out, out
     assert "descriptor still in use: False" in out, out
     assert "dd reused" in out, out
+
+
+def test_nixl_abandoned_readables_keep_no_more_than_the_quarantine_allows():
+    """Issue 48, item 1: 60 abandoned 16 MiB readables (timed out, cancelled,
+    closed unread) grew RSS by about 990 MiB, for the process's life; the
+    quarantine's readables budget (64 MiB by default) bounds it."""
+    require_backend("nixl")
+    child = run_script("py_abandoned_readables_keep_their_memory.py")
+    out = child.stdout
+    assert child.returncode == 0, out + child.stderr
+    for mode in ("timed out", "cancelled", "closed"):
+        assert f"readables {mode}: RSS +" in out, out

@@ -139,8 +139,9 @@ fn killing_the_active_process_leaves_the_passive_wait_timing_out() {
         let killer = kill_after(reader, Duration::from_millis(delay_ms));
         killer.join().unwrap();
         let result = readable.wait_timeout(Duration::from_secs(2));
-        // NIXL cannot revoke: dropping the readable leaks its memory rather
-        // than free what a dead (or not quite dead) peer might still touch.
+        // NIXL cannot revoke: dropping the readable quarantines its memory
+        // (decision 0014) rather than free at once what a dead (or not quite
+        // dead) peer might still touch.
         drop(readable);
         match result {
             Ok(()) => eprintln!("kill after {delay_ms} ms: the read finished first; again"),

@@ -31,6 +31,7 @@ use crate::backend::{ExposureId, RegistrationBackend, TransferId, TransferState}
 use crate::engine::Handoff;
 use crate::error::Error;
 use crate::metadata::OperationKind;
+use crate::quarantine::{Quarantine, QuarantinePolicy, Quarantined};
 use crate::remote::{DEFAULT_MAX_IDLE_PEERS, RemoteCache};
 use crate::testing::{Script, Scripted};
 
@@ -71,6 +72,7 @@ fn read(backend: &Arc<Scripted>, passive: bool) -> Arc<OpShared> {
         8,
         status,
         pending,
+        None,
         None,
     )
 }
@@ -201,6 +203,7 @@ fn loom_a_returning_waiter_finds_the_peer_released() {
             OperationStatus::InProgress,
             Pending::Transfer(TransferId(1)),
             Some(lease),
+            None,
         );
         let waiter = {
             let (op, remotes) = (Arc::clone(&op), Arc::clone(&remotes));
@@ -345,6 +348,58 @@ fn loom_passive_notification_races_cancel_and_drop() {
         };
         assert_eq!(freed.load(StdOrdering::SeqCst), expected);
         assert!(!backend.freed_early());
+    });
+}
+
+/// A passive operation on a backend that cannot revoke, with a quarantine
+/// that frees at once: a cancel, the drop (which may find the cancel's
+/// revoke under way and leave its descriptors as orphans) and the peer's
+/// notification race. The memory is freed exactly once, either handed back
+/// (completed) or through the quarantine (cancelled), and the quarantine
+/// ends empty.
+#[test]
+fn loom_a_quarantined_exposure_is_freed_once_whoever_settles_it() {
+    model(|| {
+        let backend = Arc::new(Scripted::new(false, false));
+        let quarantine = Arc::new(Quarantine::new(QuarantinePolicy::new(
+            std::time::Duration::ZERO,
+            0,
+        )));
+        let op = OpShared::new(
+            Arc::clone(&backend) as Arc<dyn RegistrationBackend>,
+            Role {
+                kind: OperationKind::Read,
+                passive: true,
+            },
+            8,
+            OperationStatus::Initialized,
+            Pending::Exposure(ExposureId(1)),
+            None,
+            Some(Arc::clone(&quarantine)),
+        );
+        let (d, freed) = backend.tracked(8);
+        let held = Held::new(vec![d]);
+        let cancel = {
+            let op = Arc::clone(&op);
+            thread::spawn(move || op.finish(Outcome::Cancelled))
+        };
+        let notified = {
+            let (op, backend) = (Arc::clone(&op), Arc::clone(&backend));
+            thread::spawn(move || {
+                backend.peer_done();
+                op.finish(Outcome::Complete);
+            })
+        };
+        op.abandon(held);
+        cancel.join().unwrap();
+        notified.join().unwrap();
+        let expected = match op.status() {
+            OperationStatus::Complete => Pending::Nothing,
+            _ => Pending::Quarantined,
+        };
+        assert_eq!(op.pending(), expected);
+        assert_eq!(freed.load(StdOrdering::SeqCst), 1);
+        assert_eq!(quarantine.held(), Quarantined::default());
     });
 }
 

@@ -17,6 +17,9 @@
 //! - **Memory goes back only on [`Pending::Nothing`].** While the backend is
 //!   being asked, the state is [`Pending::Releasing`]; if the backend panics,
 //!   it becomes [`Pending::Leaked`], waiters are woken, and the panic goes on.
+//!   An exposure revoked before its peer's word, on a backend that cannot cut
+//!   the peer off, is [`Pending::Quarantined`]: its memory goes to the
+//!   connector's [`Quarantine`], which frees it once its window is over.
 //!   Descriptors travel in a [`Held`], which leaks them if dropped, so no panic
 //!   anywhere can free memory a transfer may still touch.
 //! - **One waker per future.** Each future polling an operation owns one slot
@@ -34,6 +37,7 @@ use super::held::Held;
 use crate::backend::{ExposureId, Posted, RegistrationBackend, Release, TransferId, TransferState};
 use crate::error::{Cause, Error, Result, SharedCause};
 use crate::metadata::OperationKind;
+use crate::quarantine::Quarantine;
 use crate::remote::RemoteLease;
 use crate::sync::{AtomicU8, Condvar, Mutex, MutexGuard, Ordering};
 
@@ -121,6 +125,10 @@ pub(crate) enum Pending {
     Draining(TransferId),
     /// The backend might touch the memory at any time from now on: never free it.
     Leaked,
+    /// An exposure was revoked before its peer's word, and the backend cannot
+    /// cut the peer off: the memory goes to the connector's [`Quarantine`],
+    /// never back to the caller.
+    Quarantined,
 }
 
 impl Pending {
@@ -191,21 +199,46 @@ impl OpState {
     }
 
     /// What to let go of once `pending` says the backend no longer holds the
-    /// memory (or never will let go of it).
-    fn take_freed(&mut self) -> Freed {
-        match self.pending {
-            Pending::Nothing => Freed {
-                orphans: self.orphans.take(),
-                free: true,
-                _lease: self.lease.take(),
+    /// memory (or never will let go of it); `quarantine` takes the orphans of
+    /// a quarantined exposure.
+    fn take_freed(&mut self, quarantine: Option<(&Arc<Quarantine>, OperationKind)>) -> Freed {
+        let fate = match self.pending {
+            Pending::Nothing => Fate::Free,
+            Pending::Leaked => Fate::Leak,
+            Pending::Quarantined => match quarantine {
+                Some((quarantine, kind)) => Fate::Quarantine(Arc::clone(quarantine), kind),
+                None => Fate::Leak,
             },
             // The peer entry stays loaded while a draining transfer may use it.
-            Pending::Leaked => Freed {
-                orphans: self.orphans.take(),
-                free: false,
-                _lease: self.lease.take(),
-            },
-            _ => Freed::default(),
+            _ => return Freed::default(),
+        };
+        Freed {
+            orphans: self.orphans.take(),
+            fate,
+            _lease: self.lease.take(),
+        }
+    }
+}
+
+/// What becomes of the descriptors of a dropped operation once its
+/// outcome is settled.
+#[derive(Default)]
+enum Fate {
+    /// The backend let go: freed.
+    Free,
+    /// The backend may touch them forever: leaked.
+    #[default]
+    Leak,
+    /// A peer may touch them for a while: quarantined.
+    Quarantine(Arc<Quarantine>, OperationKind),
+}
+
+impl Fate {
+    fn dispose(self, descriptors: Held) {
+        match self {
+            Fate::Free => drop(descriptors.release()),
+            Fate::Leak => drop(descriptors), // leaks, with an error in the log
+            Fate::Quarantine(quarantine, kind) => quarantine.admit(descriptors, kind),
         }
     }
 }
@@ -216,8 +249,8 @@ impl OpState {
 #[derive(Default)]
 struct Freed {
     orphans: Option<Held>,
-    /// Whether `orphans` may be freed; if not, dropping the `Held` leaks them.
-    free: bool,
+    /// Whether `orphans` are freed, leaked or quarantined.
+    fate: Fate,
     /// Dropped after the lock, like the descriptors: the last lease on a peer
     /// may unload it.
     _lease: Option<RemoteLease>,
@@ -226,11 +259,7 @@ struct Freed {
 impl Drop for Freed {
     fn drop(&mut self) {
         if let Some(orphans) = self.orphans.take() {
-            if self.free {
-                drop(orphans.release());
-            } else {
-                drop(orphans);
-            }
+            std::mem::take(&mut self.fate).dispose(orphans);
         }
     }
 }
@@ -260,6 +289,10 @@ pub(crate) struct OpShared {
     /// When the operation began, for the debug log's `elapsed_us`; read from
     /// the clock only while that log is on.
     started: Option<Instant>,
+    /// Where a passive operation's memory goes if its exposure ends without
+    /// its peer's word on a backend that cannot cut the peer off; `None`:
+    /// leaked.
+    quarantine: Option<Arc<Quarantine>>,
 }
 
 impl OpShared {
@@ -270,8 +303,10 @@ impl OpShared {
         status: OperationStatus,
         pending: Pending,
         lease: Option<RemoteLease>,
+        quarantine: Option<Arc<Quarantine>>,
     ) -> Arc<OpShared> {
-        Self::with_state(backend, role, bytes, OpState::new(status, pending, lease))
+        let state = OpState::new(status, pending, lease);
+        Self::with_state(backend, role, bytes, state, quarantine)
     }
 
     fn with_state(
@@ -279,6 +314,7 @@ impl OpShared {
         role: Role,
         bytes: usize,
         state: OpState,
+        quarantine: Option<Arc<Quarantine>>,
     ) -> Arc<OpShared> {
         Arc::new(OpShared {
             backend,
@@ -288,6 +324,7 @@ impl OpShared {
             role,
             bytes,
             started: tracing::enabled!(tracing::Level::DEBUG).then(Instant::now),
+            quarantine,
         })
     }
 
@@ -311,7 +348,7 @@ impl OpShared {
             TransferState::InProgress => {
                 let pending = Pending::Transfer(id);
                 let state = OpState::new(OperationStatus::InProgress, pending, Some(lease));
-                return (Self::with_state(backend, role, bytes, state), true);
+                return (Self::with_state(backend, role, bytes, state, None), true);
             }
             TransferState::Failed(reason) => reason,
             TransferState::Done => {
@@ -319,9 +356,9 @@ impl OpShared {
                 let mut state = OpState::new(OperationStatus::Complete, pending, Some(lease));
                 // As `publish` does: what the backend let go of goes before
                 // the operation can be seen settled.
-                drop(state.take_freed());
+                drop(state.take_freed(None));
                 state.settled = true;
-                let shared = Self::with_state(backend, role, bytes, state);
+                let shared = Self::with_state(backend, role, bytes, state, None);
                 if tracing::enabled!(tracing::Level::DEBUG) {
                     shared.log_finished(OperationStatus::Complete, None, pending);
                 }
@@ -330,7 +367,7 @@ impl OpShared {
         };
         let pending = Pending::Transfer(id);
         let state = OpState::new(OperationStatus::InProgress, pending, Some(lease));
-        let shared = Self::with_state(backend, role, bytes, state);
+        let shared = Self::with_state(backend, role, bytes, state, None);
         shared.finish(Outcome::Failed(reason));
         let driven = shared.lock().pending.needs_driving();
         (shared, driven)
@@ -401,7 +438,7 @@ impl OpShared {
             if st.status.is_terminal() && st.settled {
                 match st.pending {
                     Pending::Nothing => return true,
-                    Pending::Leaked | Pending::Exposure(_) => return false,
+                    Pending::Leaked | Pending::Quarantined | Pending::Exposure(_) => return false,
                     _ => {}
                 }
             }
@@ -474,20 +511,23 @@ impl OpShared {
             LetGo::Nothing => None,
             LetGo::Release(id) => Some(released(&*self.backend, id)),
             LetGo::Revoke(id) => {
-                let revoked = match self.backend.revoke(id) {
-                    Ok(()) => self.backend.revocation_enforced(),
+                let (revoked, revocation_failed) = match self.backend.revoke(id) {
+                    Ok(()) => (self.backend.revocation_enforced(), false),
                     Err(error) => {
                         tracing::error!(%error, exposure = id.0, "revocation failed");
-                        false
+                        (false, true)
                     }
                 };
                 // A peer that notified completion is done with the memory; one
-                // that was never told to stop might still write.
+                // that was never told to stop might still write, for a while
+                // (quarantined) or, if the revocation failed, at any time.
                 let complete = self.status() == OperationStatus::Complete;
                 Some(if revoked || complete {
                     Pending::Nothing
-                } else {
+                } else if revocation_failed || self.quarantine.is_none() {
                     Pending::Leaked
+                } else {
+                    Pending::Quarantined
                 })
             }
         }
@@ -504,7 +544,7 @@ impl OpShared {
             if let Some(pending) = pending {
                 st.pending = pending;
             }
-            st.take_freed()
+            st.take_freed(self.quarantine.as_ref().map(|q| (q, self.role.kind)))
         };
         let dropped = catch_unwind(AssertUnwindSafe(|| drop(freed)));
         let (wakers, sleepers, finished) = {
@@ -561,26 +601,25 @@ impl OpShared {
 
     /// Takes the descriptors of a dropped operation: frees them now if the
     /// backend let go of the memory, keeps them until a transfer being released
-    /// or drained lets go, or leaks them if the backend may touch them forever.
+    /// or drained lets go, quarantines them if a peer may touch them for a
+    /// while, or leaks them if the backend may touch them forever.
     fn adopt(&self, descriptors: Held) {
-        let free = {
+        let fate = {
             let mut st = self.lock();
             match st.pending {
-                Pending::Nothing => Some(descriptors),
+                Pending::Nothing => Fate::Free,
                 Pending::Transfer(_) | Pending::Releasing | Pending::Draining(_) => {
                     st.orphans = Some(descriptors);
-                    None
+                    return;
                 }
-                Pending::Exposure(_) | Pending::Leaked => {
-                    drop(st);
-                    drop(descriptors); // leaks, with an error in the log
-                    None
-                }
+                Pending::Quarantined => match &self.quarantine {
+                    Some(quarantine) => Fate::Quarantine(Arc::clone(quarantine), self.role.kind),
+                    None => Fate::Leak,
+                },
+                Pending::Exposure(_) | Pending::Leaked => Fate::Leak,
             }
         };
-        if let Some(descriptors) = free {
-            drop(descriptors.release());
-        }
+        fate.dispose(descriptors);
     }
 
     /// Moves an active operation on: polls its transfer (deciding and settling
@@ -596,7 +635,12 @@ impl OpShared {
                     (id, true)
                 }
                 Pending::Releasing => return false,
-                Pending::Nothing | Pending::Exposure(_) | Pending::Leaked => return true,
+                Pending::Nothing
+                | Pending::Exposure(_)
+                | Pending::Leaked
+                | Pending::Quarantined => {
+                    return true;
+                }
             }
         };
         if draining {

@@ -17,8 +17,8 @@ use super::state::Pending;
 use crate::backend::{Notification, RegistrationBackend, TransferState};
 use crate::testing::{BOUND, Script, Scripted, eventually, within};
 use crate::{
-    Connector, Descriptor, Device, Error, OperationKind, OperationStatus, RdmaMetadata,
-    ReadOperation, SerializedDescriptor,
+    Connector, Descriptor, Device, Error, OperationKind, OperationStatus, QuarantinePolicy,
+    Quarantined, RdmaMetadata, ReadOperation, SerializedDescriptor,
 };
 
 fn connector(backend: &Arc<Scripted>) -> Connector {
@@ -309,9 +309,11 @@ fn a_panic_in_poll_on_the_engine_thread_does_not_stop_the_engine() {
 }
 
 #[test]
-fn a_passive_operation_cancelled_on_a_backend_that_cannot_revoke_leaks() {
+fn a_passive_operation_cancelled_on_a_backend_that_cannot_revoke_leaks_without_a_quarantine() {
     let backend = Arc::new(Scripted::new(false, false));
-    let c = connector(&backend);
+    let c = Connector::builder_from_arc(Arc::clone(&backend) as Arc<dyn RegistrationBackend>)
+        .quarantine(QuarantinePolicy::forever())
+        .build();
     let (d, freed) = backend.tracked(64);
     let readable = c.create_readable(vec![d]).unwrap();
     readable.cancel();
@@ -323,6 +325,104 @@ fn a_passive_operation_cancelled_on_a_backend_that_cannot_revoke_leaks() {
         freed.load(Ordering::SeqCst),
         0,
         "a peer might still write it"
+    );
+}
+
+/// A connector over `backend` whose quarantine keeps abandoned memory for
+/// `hold`, and at most `readable_bytes` of readables.
+fn quarantining(backend: &Arc<Scripted>, hold: Duration, readable_bytes: usize) -> Connector {
+    Connector::builder_from_arc(Arc::clone(backend) as Arc<dyn RegistrationBackend>)
+        .quarantine(QuarantinePolicy::new(hold, readable_bytes))
+        .build()
+}
+
+/// Ends a passive operation without its peer's word and drops it: cancelled,
+/// timed out (then dropped), or dropped while waiting.
+fn abandon<F: Fn() -> Result<(), Error>>(end: usize, cancel: impl FnOnce(), wait: F) {
+    match end % 3 {
+        0 => cancel(),
+        1 => assert!(matches!(wait(), Err(Error::TimedOut(_)))),
+        _ => {}
+    }
+}
+
+#[test]
+fn abandoned_readables_are_kept_until_their_bytes_exceed_the_budget_oldest_first() {
+    let backend = Arc::new(Scripted::new(false, false));
+    // Room for two readables of 64 bytes: the third pushes the first out.
+    let c = quarantining(&backend, BOUND * 100, 128);
+    let mut counters = Vec::new();
+    for i in 0..4 {
+        let (d, freed) = backend.tracked(64);
+        counters.push(freed);
+        let readable = c.create_readable(vec![d]).unwrap();
+        abandon(
+            i,
+            || readable.cancel(),
+            || readable.wait_timeout(Duration::from_millis(1)),
+        );
+        drop(readable);
+        let frees: Vec<usize> = counters.iter().map(|f| f.load(Ordering::SeqCst)).collect();
+        let kept = (i + 1).min(2);
+        let expected: Vec<usize> = (0..=i).map(|j| usize::from(j + kept <= i)).collect();
+        assert_eq!(frees, expected, "after {} abandoned", i + 1);
+        let held = c.quarantined();
+        assert_eq!(
+            (held.exposures, held.bytes, held.readable_bytes),
+            (kept, 64 * kept, 64 * kept)
+        );
+    }
+    // What a connector that knows its peers are gone may free at once.
+    assert_eq!(c.free_quarantined().bytes, 128);
+    assert!(counters.iter().all(|f| f.load(Ordering::SeqCst) == 1));
+    assert_eq!(c.quarantined(), Quarantined::default());
+}
+
+#[test]
+fn abandoned_writables_are_kept_for_their_whole_window_whatever_the_readables_budget() {
+    let backend = Arc::new(Scripted::new(false, false));
+    let c = quarantining(&backend, Duration::from_millis(50), 0);
+    let (d, freed) = backend.tracked(64);
+    let writable = c.create_writable(vec![d]).unwrap();
+    writable.cancel();
+    drop(writable);
+    let (d, freed_readable) = backend.tracked(32);
+    drop(c.create_readable(vec![d]).unwrap());
+    // The readable goes at once (a budget of 0 bytes); the writable stays.
+    assert_eq!(freed_readable.load(Ordering::SeqCst), 1);
+    assert_eq!(freed.load(Ordering::SeqCst), 0);
+    let held = c.quarantined();
+    assert_eq!(
+        (held.exposures, held.bytes, held.readable_bytes),
+        (1, 64, 0)
+    );
+    // Once its window is over, the next look frees it.
+    eventually("the writable's window is over", || {
+        c.quarantined().exposures == 0
+    });
+    assert_eq!(freed.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn a_quarantine_frees_what_is_due_when_a_new_exposure_is_made_and_leaks_the_rest_when_dropped() {
+    let backend = Arc::new(Scripted::new(false, false));
+    let c = quarantining(&backend, Duration::ZERO, usize::MAX);
+    let (d, freed) = backend.tracked(64);
+    drop(c.create_writable(vec![d]).unwrap());
+    assert_eq!(
+        freed.load(Ordering::SeqCst),
+        1,
+        "a window of 0 frees at once"
+    );
+
+    let c = quarantining(&backend, BOUND * 100, usize::MAX);
+    let (d, kept) = backend.tracked(64);
+    drop(c.create_writable(vec![d]).unwrap());
+    drop(c);
+    assert_eq!(
+        kept.load(Ordering::SeqCst),
+        0,
+        "freed before its window was over"
     );
 }
 

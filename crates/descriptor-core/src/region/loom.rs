@@ -150,6 +150,7 @@ fn last_drops(deregistration_fails: bool) {
             OperationStatus::InProgress,
             Pending::Transfer(TransferId(1)),
             None,
+            None,
         );
         let engine_op = Arc::clone(&op);
         let engine = thread::spawn(move || {

@@ -44,7 +44,7 @@ import zlib
 from abc import ABC, abstractmethod
 from enum import IntEnum
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Callable, List, NamedTuple, Optional, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
@@ -65,6 +65,7 @@ __all__ = [
     "OperationKind",
     "OperationStatus",
     "PassiveOperation",
+    "Quarantined",
     "RdmaMetadata",
     "ReadOperation",
     "ReadableOperation",
@@ -1685,11 +1686,23 @@ async def _when_let_go(make: Callable[..., _Made], *args: Any) -> _Made:
             pause = min(pause * 2, 0.05)
 
 
+class Quarantined(NamedTuple):
+    """What a `Connector`'s quarantine keeps (`Connector.quarantined()`)."""
+
+    exposures: int
+    """Abandoned readables and writables whose memory is kept."""
+    bytes: int
+    """Their bytes."""
+    readable_bytes: int
+    """The readables' part of `bytes`."""
+
+
 class Connector:
     """Creates the four operations for one worker.
 
     ``Connector(worker_id=None, backend=None, await_spin=None,
-    peer_failure_detection=None)``: `worker_id`
+    peer_failure_detection=None, quarantine_seconds=None,
+    quarantine_readable_bytes=None)``: `worker_id`
     names the worker (a new UUID by default); `backend` is ``"nixl"``
     (default, or ``$NIXL_CONNECT_BACKEND``) or ``"loopback"`` (a process-wide
     in-process fabric, for tests). As with Dynamo, the NIXL agent is created on
@@ -1718,6 +1731,18 @@ class Connector:
     docs/decisions/0005-peer-failure-detection-default.md), and only the
     initiator's setting counts. But UCX then does not promise that a transfer to a peer that dies
     ends at all: bound the waits where peers can die.
+
+    `quarantine_seconds` and `quarantine_readable_bytes` (NIXL; loopback cuts
+    peers off and needs none): the memory of a readable or writable that ended
+    without its peer's notification (cancelled, timed out, dropped) stays
+    reachable by a peer that loaded its metadata, so it is kept, out of every
+    pool and never handed back, for `quarantine_seconds` (default
+    ``$NIXL_CONNECT_QUARANTINE_SECONDS``, else 5; ``math.inf``: for the
+    process's life), then freed. Readables are freed sooner, oldest first,
+    while the readables kept exceed `quarantine_readable_bytes` (default
+    ``$NIXL_CONNECT_QUARANTINE_READABLE_BYTES``, else 32 MiB): a peer only
+    reads them. `quarantined()` says what is kept; what a late peer can still
+    do, per transport, is in the package README.
     """
 
     def __init__(
@@ -1726,6 +1751,8 @@ class Connector:
         backend: Optional[str] = None,
         await_spin: Optional[float] = None,
         peer_failure_detection: Optional[bool] = None,
+        quarantine_seconds: Optional[float] = None,
+        quarantine_readable_bytes: Optional[int] = None,
     ) -> None:
         worker_id = worker_id if worker_id is not None else uuid.uuid4().hex
         if not isinstance(worker_id, str) or len(worker_id) == 0:
@@ -1748,6 +1775,22 @@ class Connector:
                 raise ValueError(
                     f"{spin_source} must be between 0 and 0.05 seconds; got {await_spin!r}."
                 )
+        if quarantine_seconds is not None:
+            if isinstance(quarantine_seconds, bool) or not isinstance(quarantine_seconds, (int, float)):
+                raise TypeError("Argument `quarantine_seconds` must be a number of seconds or `None`.")
+            if not quarantine_seconds >= 0:
+                raise ValueError(
+                    "Argument `quarantine_seconds` must be a non-negative number of seconds "
+                    f"or `math.inf`; got {quarantine_seconds!r}."
+                )
+        if quarantine_readable_bytes is not None:
+            if isinstance(quarantine_readable_bytes, bool) or not isinstance(quarantine_readable_bytes, int):
+                raise TypeError("Argument `quarantine_readable_bytes` must be an `int` or `None`.")
+            if quarantine_readable_bytes < 0:
+                raise ValueError(
+                    "Argument `quarantine_readable_bytes` must not be negative; "
+                    f"got {quarantine_readable_bytes!r}."
+                )
         if peer_failure_detection is None:
             peer_failure_detection = _flag_from_env("NIXL_CONNECT_PEER_FAILURE_DETECTION", True)
         elif not isinstance(peer_failure_detection, bool):
@@ -1767,6 +1810,10 @@ class Connector:
         # `None` until the native connector tells its backend's wait_assist.
         self._await_spin: Optional[float] = None if await_spin is None else float(await_spin)
         self._peer_failure_detection = peer_failure_detection
+        self._quarantine = (
+            None if quarantine_seconds is None else float(quarantine_seconds),
+            quarantine_readable_bytes,
+        )
         self._native: Optional[_native.Connector] = None
         self._native_lock = threading.Lock()
         # Dynamo's names: a subclass may read or replace them (Dynamo's
@@ -1786,12 +1833,33 @@ class Connector:
                         self._backend,
                         _search_paths(),
                         self._peer_failure_detection,
+                        *self._quarantine,
                     )
                     if self._await_spin is None:
                         self._await_spin = min(native.wait_assist, AWAIT_SPIN_CAP)
                     self._native = native
                 native = self._native
         return native
+
+    def quarantined(self) -> "Quarantined":
+        """What this connector's quarantine keeps now: the memory of
+        exposures that ended without their peer's word (see the class), freed
+        once their window is over. All zero before the agent exists."""
+        native = self._native
+        if native is None:
+            return Quarantined(0, 0, 0)
+        return Quarantined(*native.quarantined())
+
+    def free_quarantined(self) -> "Quarantined":
+        """Frees everything the quarantine keeps now, whatever its window,
+        and returns what that was: for a worker that knows the peers of its
+        abandoned exposures are gone (they exited, or cannot reach it any
+        more). A peer that still holds their metadata may read and write the
+        freed memory (see the class)."""
+        native = self._native
+        if native is None:
+            return Quarantined(0, 0, 0)
+        return Quarantined(*native.free_quarantined())
 
     def __eq__(self, other: Any) -> bool:
         if not isinstance(other, Connector):

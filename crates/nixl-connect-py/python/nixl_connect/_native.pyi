@@ -77,9 +77,19 @@ class Connector:
         backend: str,
         site_packages: Sequence[str | os.PathLike[str]] | None = None,
         peer_failure_detection: bool = True,
+        quarantine_seconds: float | None = None,
+        quarantine_readable_bytes: int | None = None,
     ) -> Connector:
         """`backend` is ``"nixl"`` or ``"loopback"``; NIXL's runtime is looked
-        for first in `site_packages` (by default ``nixl_connect._search_paths()``)."""
+        for first in `site_packages` (by default ``nixl_connect._search_paths()``).
+        The quarantine settings not given are the environment's (ValueError
+        if invalid), else the defaults."""
+
+    def quarantined(self) -> tuple[int, int, int]:
+        """What the quarantine keeps: ``(exposures, bytes, readable_bytes)``."""
+
+    def free_quarantined(self) -> tuple[int, int, int]:
+        """Frees what the quarantine keeps; what that was, as `quarantined`."""
 
     def agent_metadata(self) -> bytes:
         """The agent's metadata: NIXL's full serialized agent (Dynamo's
