@@ -18,7 +18,7 @@ pub(crate) const REPORT: &str = "target/bench/report.json";
 /// The generated page, from the workspace root.
 const PAGE: &str = "docs/performance.md";
 /// The copy of the report the page was rendered from.
-const REPORT_COPY: &str = "docs/bench-report.json";
+pub(crate) const REPORT_COPY: &str = "docs/bench-report.json";
 /// The bench's plot, beside its report, copied beside the page.
 const PLOT: &str = "bandwidth.svg";
 
@@ -191,8 +191,12 @@ pub(crate) fn publish(root: &Path, report: &Path) -> Result<(), u8> {
     }
     let page = root.join(PAGE);
     let plotted = root.join("docs").join(PLOT).is_file();
-    std::fs::write(&page, render(&parsed, plotted))
-        .map_err(|e| fail(format!("write {}: {e}", page.display())))?;
+    let mut text = render(&parsed, plotted);
+    // The soak's section, from the last `cargo xtask soak` (docs/soak-report.json).
+    if let Some(soak) = crate::soak::section(root) {
+        text.push_str(&soak);
+    }
+    std::fs::write(&page, text).map_err(|e| fail(format!("write {}: {e}", page.display())))?;
     eprintln!(
         "xtask bench: wrote {} from {}",
         page.display(),

@@ -30,7 +30,11 @@ use serde::{Deserialize, Serialize};
 use xshell::{Shell, cmd};
 
 use crate::shell::run;
-use crate::{flags, python};
+use crate::{flags, perf, python};
+
+mod page;
+
+pub(crate) use page::section;
 
 /// The least ratio of the last window's throughput to the first's.
 pub(crate) const MIN_RATIO: f64 = 0.9;
@@ -74,11 +78,26 @@ pub(crate) fn soak(sh: &Shell, root: &Path, args: &flags::Soak) -> Result<(), u8
     };
     let gated = impls[0];
     let mut failed = false;
+    let mut reports = Vec::new();
     for &which in impls {
-        let ok = run_one(sh, root, &venv, which, minutes, bound);
+        let (ok, report) = run_one(sh, root, &venv, which, minutes, bound);
         if !ok && which == gated {
             failed = true;
         }
+        reports.extend(report);
+    }
+    // The page's soak section and picture, from this run's reports.
+    let command = format!(
+        "cargo xtask soak --impl {} --minutes {minutes}",
+        args.module.as_deref().unwrap_or("ours")
+    );
+    if let Err(e) = page::publish(sh, root, reports, command) {
+        eprintln!("xtask soak: {e}");
+        return Err(1);
+    }
+    let bench = root.join(perf::REPORT_COPY);
+    if bench.is_file() {
+        perf::publish(root, &bench)?;
     }
     if failed { Err(1) } else { Ok(()) }
 }
@@ -87,7 +106,7 @@ pub(crate) fn soak(sh: &Shell, root: &Path, args: &flags::Soak) -> Result<(), u8
 /// step installed it (built here when there is no virtualenv yet).
 pub(crate) fn long(sh: &Shell, root: &Path) -> bool {
     match python::soak_venv(sh, root, python::venv_exists(root)) {
-        Ok(venv) => run_one(sh, root, &venv, "ours", 60.0, RSS_BOUND_MIB),
+        Ok(venv) => run_one(sh, root, &venv, "ours", 60.0, RSS_BOUND_MIB).0,
         Err(e) => {
             eprintln!("xtask soak: {e}");
             false
@@ -96,7 +115,7 @@ pub(crate) fn long(sh: &Shell, root: &Path) -> bool {
 }
 
 /// Runs the soak of one module and writes its report; whether every verdict
-/// passed.
+/// passed, and the report if there is one.
 fn run_one(
     sh: &Shell,
     root: &Path,
@@ -104,12 +123,12 @@ fn run_one(
     which: &str,
     minutes: f64,
     bound: f64,
-) -> bool {
+) -> (bool, Option<Report>) {
     let out = root.join("target/soak").join(which);
     // A fresh folder: the samples files are appended to.
     if sh.remove_path(&out).is_err() || sh.create_dir(&out).is_err() {
         eprintln!("xtask soak: cannot make a fresh {}", out.display());
-        return false;
+        return (false, None);
     }
     let python = &venv.python;
     let script = root.join(SCRIPT);
@@ -138,7 +157,7 @@ fn run_one(
         Ok(report) => report,
         Err(e) => {
             eprintln!("xtask soak ({which}): {e}");
-            return false;
+            return (false, None);
         }
     };
     let markdown = render(&report);
@@ -150,7 +169,7 @@ fn run_one(
         .and_then(|()| std::fs::write(out.join("report.md"), &markdown).map_err(|e| e.to_string()));
     if let Err(e) = written {
         eprintln!("xtask soak: write the report into {}: {e}", out.display());
-        return false;
+        return (false, Some(report));
     }
     println!("{markdown}");
     eprintln!(
@@ -162,7 +181,7 @@ fn run_one(
         },
         out.join("report.md").display()
     );
-    report.passed && driven
+    (report.passed && driven, Some(report))
 }
 
 /// The driver's `run.json`.
@@ -216,7 +235,7 @@ struct Event {
 }
 
 /// The report of one soak run (`report.json`).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct Report {
     /// `ours` or `dyn`.
     module: String,
@@ -230,7 +249,7 @@ pub(crate) struct Report {
 }
 
 /// One process of the report; the peers' incarnations together.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 struct Process {
     role: String,
     incarnations: usize,
@@ -252,7 +271,7 @@ struct Process {
 
 /// One minute of one process: the highest fds, threads and RSS seen, the
 /// operations ended in it, and the last native counts.
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 struct Minute {
     minute: usize,
     fds: u64,
@@ -268,7 +287,7 @@ struct Minute {
     metadata_bytes: Option<u64>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 struct Verdict {
     what: String,
     measured: String,
@@ -691,7 +710,7 @@ mod tests {
         lines
     }
 
-    fn report(
+    pub(super) fn report(
         minutes: f64,
         client_rate: fn(f64) -> f64,
         client_rss: fn(f64) -> f64,
