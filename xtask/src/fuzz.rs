@@ -13,7 +13,13 @@ use xshell::{Shell, cmd};
 
 use crate::shell::{cargo, run, succeeds};
 
-const TARGETS: &[&str] = &["metadata", "agent_metadata", "device", "nixl_load"];
+const TARGETS: &[&str] = &[
+    "metadata",
+    "agent_metadata",
+    "device",
+    "authenticated_load",
+    "nixl_load",
+];
 /// Targets that run NIXL: built with the fuzz crate's `nixl` feature, run
 /// with `NIXL_RUNTIME_DIR` set.
 const NIXL_TARGETS: &[&str] = &["nixl_load"];

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::auth::{Auth, PeerKeys};
 use crate::backend::{Exposed, RegionId, RegistrationBackend, Segment, TransferRequest};
 use crate::descriptor::Descriptor;
 use crate::engine::Engine;
@@ -36,6 +37,9 @@ struct Inner {
     remotes: Arc<RemoteCache>,
     /// The memory of exposures abandoned before their peer's word.
     quarantine: Arc<Quarantine>,
+    /// How the agent blobs it publishes are sealed (the cache opens those
+    /// it loads with the same).
+    auth: Auth,
     /// Backend registrations made so far.
     registrations: AtomicU64,
 }
@@ -51,6 +55,7 @@ pub struct ConnectorBuilder {
     backend: Arc<dyn RegistrationBackend>,
     max_idle_peers: usize,
     quarantine: Option<QuarantinePolicy>,
+    auth: Option<Auth>,
 }
 
 impl std::fmt::Debug for ConnectorBuilder {
@@ -59,6 +64,7 @@ impl std::fmt::Debug for ConnectorBuilder {
             .field("backend", &self.backend.backend_name())
             .field("max_idle_peers", &self.max_idle_peers)
             .field("quarantine", &self.quarantine)
+            .field("peer_keys", &self.auth)
             .finish()
     }
 }
@@ -80,16 +86,34 @@ impl ConnectorBuilder {
         self
     }
 
+    /// Seals every agent blob this connector publishes with `keys`' first
+    /// key, and refuses every blob it is given that none of them sealed,
+    /// before the backend sees it ([`PeerKeys`] says what that protects).
+    /// Default: the keys of [`PeerKeys::from_env`], none when it is unset
+    /// (blobs published and loaded as Dynamo's workers write them); an
+    /// invalid variable makes the connector refuse every blob (logged), never
+    /// run without the keys it was meant to have.
+    pub fn peer_keys(mut self, keys: PeerKeys) -> Self {
+        self.auth = Some(Auth::Keys(keys));
+        self
+    }
+
     /// The connector.
     pub fn build(self) -> Connector {
         let backend = self.backend;
         let quarantine = self.quarantine.unwrap_or_default();
+        let auth = self.auth.unwrap_or_else(Auth::from_env);
         Connector {
             inner: Arc::new(Inner {
                 id: NEXT_CONNECTOR_ID.fetch_add(1, Ordering::Relaxed),
                 name: backend.agent_name().into(),
                 engine: Engine::new(Arc::clone(&backend)),
-                remotes: Arc::new(RemoteCache::new(Arc::clone(&backend), self.max_idle_peers)),
+                remotes: Arc::new(RemoteCache::new(
+                    Arc::clone(&backend),
+                    self.max_idle_peers,
+                    auth.clone(),
+                )),
+                auth,
                 backend,
                 quarantine: Arc::new(Quarantine::new(quarantine)),
                 registrations: AtomicU64::new(0),
@@ -125,6 +149,7 @@ impl Connector {
             backend,
             max_idle_peers: DEFAULT_MAX_IDLE_PEERS,
             quarantine: None,
+            auth: None,
         }
     }
 
@@ -219,6 +244,18 @@ impl Connector {
     /// freed.
     pub fn free_quarantined(&self) -> Quarantined {
         self.inner.quarantine.free_all()
+    }
+
+    /// `blob` as this connector publishes it: sealed with its signing key
+    /// when it has keys ([`ConnectorBuilder::peer_keys`]), as it is
+    /// otherwise. For agent metadata handed out beside operations (the
+    /// Python package's `Connection.metadata`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unauthenticated`] if the connector's keys' setting is invalid.
+    pub fn seal_agent_metadata(&self, blob: Vec<u8>) -> Result<Vec<u8>> {
+        self.inner.auth.seal(blob)
     }
 
     pub(crate) fn count_registration(&self) {
@@ -393,11 +430,16 @@ impl Connector {
             Some(Arc::clone(&self.inner.quarantine)),
         );
         let count = descriptors.len();
-        let metadata = match RdmaMetadata::new(access, serialized, exposure.agent_metadata, key) {
+        let published = self
+            .inner
+            .auth
+            .seal(exposure.agent_metadata)
+            .and_then(|blob| RdmaMetadata::new(access, serialized, blob, key));
+        let metadata = match published {
             Ok(metadata) => metadata,
             Err(e) => {
                 // Dropping the operation cancels it: the exposure is revoked, and
-                // the memory freed or leaked as the backend allows.
+                // the memory freed or quarantined as the backend allows.
                 drop(OperationCore::new(shared, descriptors, self.clone(), None));
                 return Err(e);
             }

@@ -212,6 +212,16 @@ pub enum Error {
     #[error("operation did not finish within {0:?}")]
     TimedOut(Duration),
 
+    /// A peer's agent blob was refused before the backend saw it: it is not
+    /// sealed with a key this connector accepts ([`PeerKeys`](crate::PeerKeys)),
+    /// or this connector cannot seal or open blobs (its keys' setting is
+    /// invalid).
+    #[error("agent blob refused: {reason}")]
+    Unauthenticated {
+        /// Why.
+        reason: String,
+    },
+
     /// A setting (an environment variable, an option) has a value that
     /// cannot be used.
     #[error("{setting}={value:?}: {reason}")]

@@ -89,6 +89,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod auth;
 mod backend;
 mod buffer;
 mod connector;
@@ -116,6 +117,7 @@ pub mod conformance;
 #[cfg_attr(docsrs, doc(cfg(feature = "faults")))]
 pub mod faults;
 
+pub use auth::{ENV_PEER_KEYS, MIN_KEY_BYTES, PeerKeys, SEALED_MAGIC, is_sealed};
 pub use backend::{
     EventHook, Exposed, Exposure, ExposureId, Notification, Posted, RegionId, RegistrationBackend,
     Release, Segment, TransferId, TransferRequest, TransferState,

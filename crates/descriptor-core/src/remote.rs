@@ -22,8 +22,9 @@ use std::sync::{Arc, PoisonError};
 
 use foldhash::fast::RandomState;
 
+use crate::auth::Auth;
 use crate::backend::RegistrationBackend;
-use crate::error::Result;
+use crate::error::{Error, Result};
 // loom's under `--cfg loom`: the model checks leases against operations.
 use crate::sync::{Condvar, Mutex, MutexGuard};
 
@@ -43,6 +44,9 @@ const KEYED_ENDS: usize = 256;
 /// of call is in flight; loads run concurrently with each other.
 pub(crate) struct RemoteCache {
     backend: Arc<dyn RegistrationBackend>,
+    /// Which blobs may reach the backend (verified before each load; a
+    /// remembered blob was verified when it was loaded).
+    auth: Auth,
     hasher: RandomState,
     max_idle: usize,
     state: Mutex<State>,
@@ -91,9 +95,14 @@ struct Entry {
 }
 
 impl RemoteCache {
-    pub(crate) fn new(backend: Arc<dyn RegistrationBackend>, max_idle: usize) -> RemoteCache {
+    pub(crate) fn new(
+        backend: Arc<dyn RegistrationBackend>,
+        max_idle: usize,
+        auth: Auth,
+    ) -> RemoteCache {
         RemoteCache {
             backend,
+            auth,
             hasher: RandomState::default(),
             max_idle,
             state: Mutex::new(State::default()),
@@ -135,7 +144,13 @@ impl RemoteCache {
     /// is unloaded and the blob loaded again.
     pub(crate) fn acquire(self: &Arc<Self>, agent_metadata: &[u8]) -> Result<RemoteLease> {
         match self.try_acquire(agent_metadata) {
-            Err(refused) => match self.backend.peer_name(agent_metadata) {
+            Err(refused @ Error::Unauthenticated { .. }) => Err(refused),
+            Err(refused) => match self
+                .auth
+                .open(agent_metadata)
+                .ok()
+                .and_then(|blob| self.backend.peer_name(blob))
+            {
                 Some(name) if self.unload_if_idle(&name) => {
                     tracing::info!(peer = %name, "a peer of that name is loaded but idle: unloaded it (restarted?) and loading the new metadata");
                     self.try_acquire(agent_metadata)
@@ -179,7 +194,8 @@ impl RemoteCache {
         // that no eviction can unload the peer in between. Declared before
         // `state`, so dropped (and counted out) after the lock is released.
         let _call = InFlight::load(self);
-        let loaded = self.backend.load_remote(agent_metadata)?;
+        // A blob no key of ours signed never reaches the backend.
+        let loaded = self.backend.load_remote(self.auth.open(agent_metadata)?)?;
         let mut state = self.lock();
         let State {
             peers,

@@ -10,7 +10,9 @@ use std::time::Duration;
 use backend_loopback::{Fabric, LoopbackBackend};
 use backend_nixl::NixlBackend;
 use descriptor_core::faults::{Faults, Faulty};
-use descriptor_core::{Connector, Descriptor, Error, QuarantinePolicy, RegistrationBackend};
+use descriptor_core::{
+    Connector, ConnectorBuilder, Descriptor, Error, PeerKeys, QuarantinePolicy, RegistrationBackend,
+};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -155,6 +157,14 @@ fn pairing_error(error: Error, local: usize) -> PyErr {
     }
 }
 
+/// `builder` with `keys` when given (else the core's default: the environment's).
+fn with_keys(builder: ConnectorBuilder, keys: Option<PeerKeys>) -> ConnectorBuilder {
+    match keys {
+        Some(keys) => builder.peer_keys(keys),
+        None => builder,
+    }
+}
+
 /// The quarantine of a new connector: the environment's (or the default),
 /// with what the caller gave in its place.
 fn quarantine_policy(
@@ -196,7 +206,9 @@ impl PyConnector {
     /// `quarantine_seconds` (`inf`: forever) and `quarantine_readable_bytes`
     /// set the connector's `QuarantinePolicy`; each one not given is the
     /// core's `QuarantinePolicy::from_env`'s (ValueError for an invalid
-    /// environment variable).
+    /// environment variable). `peer_keys` (the signing key first) are the
+    /// connector's `PeerKeys` (ValueError if one is too short); without them,
+    /// the core's `PeerKeys::from_env`.
     #[pyo3(signature = (
         name,
         backend,
@@ -204,7 +216,10 @@ impl PyConnector {
         peer_failure_detection=true,
         quarantine_seconds=None,
         quarantine_readable_bytes=None,
+        peer_keys=None,
     ))]
+    // One parameter per keyword of the Python constructor.
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         name: &str,
@@ -213,8 +228,13 @@ impl PyConnector {
         peer_failure_detection: bool,
         quarantine_seconds: Option<f64>,
         quarantine_readable_bytes: Option<usize>,
+        peer_keys: Option<Vec<Vec<u8>>>,
     ) -> PyResult<PyConnector> {
         let quarantine = quarantine_policy(quarantine_seconds, quarantine_readable_bytes)?;
+        let peer_keys = peer_keys
+            .map(PeerKeys::new)
+            .transpose()
+            .map_err(|e| PyValueError::new_err(format!("Argument `peer_keys`: {e}")))?;
         fork::check()?;
         fork::watch();
         log::install(py)?;
@@ -229,7 +249,8 @@ impl PyConnector {
                 let backend = Faulty::new(backend);
                 faults = Some(backend.faults());
                 wait_assist = backend.wait_assist();
-                Connector::builder(backend).quarantine(quarantine).build()
+                let builder = Connector::builder(backend).quarantine(quarantine);
+                with_keys(builder, peer_keys).build()
             }
             "nixl" => {
                 crate::runtime::load(py, site_packages)?;
@@ -248,9 +269,8 @@ impl PyConnector {
                 wait_assist = backend.wait_assist();
                 let backend = Arc::new(backend);
                 agent = Agent::Nixl(Arc::clone(&backend));
-                Connector::builder_from_arc(backend)
-                    .quarantine(quarantine)
-                    .build()
+                let builder = Connector::builder_from_arc(backend).quarantine(quarantine);
+                with_keys(builder, peer_keys).build()
             }
             other => {
                 return Err(PyValueError::new_err(format!(
@@ -293,6 +313,8 @@ impl PyConnector {
             }
             Agent::Loopback(blob) => blob.clone(),
         };
+        // Sealed as the connector's exposures are, when it has keys.
+        let bytes = self.inner.seal_agent_metadata(bytes).map_err(to_py)?;
         Ok(PyBytes::new(py, &bytes))
     }
 

@@ -2,7 +2,9 @@
 
 use descriptor_core::Error;
 use pyo3::PyErr;
-use pyo3::exceptions::{PyImportError, PyRuntimeError, PyTimeoutError, PyValueError};
+use pyo3::exceptions::{
+    PyImportError, PyPermissionError, PyRuntimeError, PyTimeoutError, PyValueError,
+};
 
 use crate::runtime;
 
@@ -30,7 +32,9 @@ pub(crate) fn to_py(error: Error) -> PyErr {
         | Error::DescriptorCountMismatch { .. }
         | Error::SizeMismatch { .. }
         | Error::MixedDevices { .. }
-        | Error::ReadOnlyBuffer { .. } => PyValueError::new_err(message),
+        | Error::ReadOnlyBuffer { .. }
+        | Error::InvalidSetting { .. } => PyValueError::new_err(message),
+        Error::Unauthenticated { .. } => PyPermissionError::new_err(message),
         Error::BackendUnavailable { .. } => PyImportError::new_err(message),
         Error::TimedOut(_) => PyTimeoutError::new_err(message),
         _ => PyRuntimeError::new_err(message),

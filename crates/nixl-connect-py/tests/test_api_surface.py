@@ -295,7 +295,7 @@ EXTRA_MEMBERS = {  # member -> the classes that have it beyond Dynamo
 EXTRA_PARAMETERS = {  # (class, member) -> parameters appended, each with a default
     **{(op, "wait_for_completion"): ["timeout"] for op in OPERATIONS},
     ("Connector", "__init__"): ["backend", "await_spin", "peer_failure_detection",
-                                "quarantine_seconds", "quarantine_readable_bytes"],
+                                "quarantine_seconds", "quarantine_readable_bytes", "peer_keys"],
 }
 # Dynamo's abstract bases take constructor arguments; here their subclasses
 # build them (their own constructors are Dynamo's).

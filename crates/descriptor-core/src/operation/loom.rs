@@ -191,6 +191,7 @@ fn loom_a_returning_waiter_finds_the_peer_released() {
         let remotes = Arc::new(RemoteCache::new(
             Arc::clone(&backend) as Arc<dyn RegistrationBackend>,
             DEFAULT_MAX_IDLE_PEERS,
+            crate::auth::Auth::Open,
         ));
         let lease = remotes.acquire(b"scripted agent").unwrap();
         let op = OpShared::new(

@@ -44,7 +44,18 @@ import zlib
 from abc import ABC, abstractmethod
 from enum import IntEnum
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Callable, List, NamedTuple, Optional, TypeVar, cast
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    List,
+    NamedTuple,
+    Optional,
+    Sequence,
+    TypeVar,
+    Union,
+    cast,
+)
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
@@ -1636,6 +1647,12 @@ class Remote:
         return self._name
 
 
+# How an agent blob sealed with peer keys starts (descriptor-core's
+# `SEALED_MAGIC`), and the length of its header (magic, key id, tag).
+_SEALED_MAGIC = b"NXCAUTH1"
+_SEALED_HEADER = 48
+
+
 def _agent_name(nixl_metadata: bytes | str) -> str:
     """The agent name in a peer's metadata blob (NIXL's or loopback's):
     ``b64:``/hex and compressed as `RdmaMetadata` carries it, or raw bytes;
@@ -1649,6 +1666,10 @@ def _agent_name(nixl_metadata: bytes | str) -> str:
             blob = zlib.decompressobj().decompress(packed, 4096)
         else:
             blob = bytes(nixl_metadata[:4096])
+        if blob.startswith(_SEALED_MAGIC):
+            # A sealed blob (peer keys): the name is read, not trusted; the
+            # connector verifies the seal before anything is loaded.
+            blob = blob[_SEALED_HEADER:]
         if blob.startswith(b"nixlSerDes|Agent"):
             length = int.from_bytes(blob[16:24], "little")
             name = blob[24 : 24 + length]
@@ -1743,6 +1764,13 @@ class Connector:
     ``$NIXL_CONNECT_QUARANTINE_READABLE_BYTES``, else 32 MiB): a peer only
     reads them. `quarantined()` says what is kept; what a late peer can still
     do, per transport, is in the package README.
+
+    `peer_keys` (default ``$NIXL_CONNECT_PEER_KEYS``, hex keys separated by
+    commas; none when unset): shared keys of at least 16 bytes, the signing
+    key first. With keys, every agent blob this connector publishes is sealed
+    (an HMAC-SHA256 tag) and every blob it is given that none of its keys
+    sealed is refused before NIXL sees it; without, blobs are Dynamo's. What
+    that protects: the package README.
     """
 
     def __init__(
@@ -1753,6 +1781,7 @@ class Connector:
         peer_failure_detection: Optional[bool] = None,
         quarantine_seconds: Optional[float] = None,
         quarantine_readable_bytes: Optional[int] = None,
+        peer_keys: Optional[Sequence[Union[bytes, str]]] = None,
     ) -> None:
         worker_id = worker_id if worker_id is not None else uuid.uuid4().hex
         if not isinstance(worker_id, str) or len(worker_id) == 0:
@@ -1791,6 +1820,18 @@ class Connector:
                     "Argument `quarantine_readable_bytes` must not be negative; "
                     f"got {quarantine_readable_bytes!r}."
                 )
+        keys: Optional[List[bytes]] = None
+        if peer_keys is not None:
+            if isinstance(peer_keys, (bytes, str)) or not all(
+                isinstance(k, (bytes, str)) for k in peer_keys
+            ):
+                raise TypeError(
+                    "Argument `peer_keys` must be a list of keys (`bytes`, or `str` of hex digits) or `None`."
+                )
+            try:
+                keys = [bytes.fromhex(k) if isinstance(k, str) else bytes(k) for k in peer_keys]
+            except ValueError:
+                raise ValueError("Argument `peer_keys`: a `str` key is not hex digits.") from None
         if peer_failure_detection is None:
             peer_failure_detection = _flag_from_env("NIXL_CONNECT_PEER_FAILURE_DETECTION", True)
         elif not isinstance(peer_failure_detection, bool):
@@ -1814,6 +1855,7 @@ class Connector:
             None if quarantine_seconds is None else float(quarantine_seconds),
             quarantine_readable_bytes,
         )
+        self._peer_keys = keys
         self._native: Optional[_native.Connector] = None
         self._native_lock = threading.Lock()
         # Dynamo's names: a subclass may read or replace them (Dynamo's
@@ -1834,6 +1876,7 @@ class Connector:
                         _search_paths(),
                         self._peer_failure_detection,
                         *self._quarantine,
+                        self._peer_keys,
                     )
                     if self._await_spin is None:
                         self._await_spin = min(native.wait_assist, AWAIT_SPIN_CAP)

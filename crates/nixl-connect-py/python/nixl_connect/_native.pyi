@@ -79,6 +79,7 @@ class Connector:
         peer_failure_detection: bool = True,
         quarantine_seconds: float | None = None,
         quarantine_readable_bytes: int | None = None,
+        peer_keys: Sequence[bytes] | None = None,
     ) -> Connector:
         """`backend` is ``"nixl"`` or ``"loopback"``; NIXL's runtime is looked
         for first in `site_packages` (by default ``nixl_connect._search_paths()``).
