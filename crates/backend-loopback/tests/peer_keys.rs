@@ -8,8 +8,8 @@
 use std::time::Duration;
 
 use backend_loopback::{Fabric, LoopbackBackend};
-use descriptor_core::conformance::{filled, pattern, zeroed_one};
-use descriptor_core::{Connector, Error, PeerKeys, RdmaMetadata, is_sealed};
+use descriptor_core::conformance::{filled, pattern, reblobbed, zeroed_one};
+use descriptor_core::{Connector, Error, PeerKeys, is_sealed};
 
 const WAIT: Duration = Duration::from_secs(10);
 const OLD: &[u8] = b"the old shared key, 32 bytes....";
@@ -85,14 +85,7 @@ fn a_blob_no_key_of_the_loader_sealed_is_refused_before_the_backend_loads_it() {
     for at in (0..sealed.len()).step_by(7) {
         let mut forged = sealed.clone();
         forged[at] ^= 0x20;
-        let m = readable.metadata();
-        let metadata = RdmaMetadata::new(
-            m.operation_kind(),
-            m.descriptors().to_vec(),
-            forged,
-            m.notification_key().to_owned(),
-        )
-        .unwrap();
+        let metadata = reblobbed(readable.metadata(), forged);
         match client.begin_read(&metadata, zeroed_one(4096)) {
             Err(Error::Unauthenticated { .. }) => {}
             other => panic!("byte {at} changed: {other:?}"),

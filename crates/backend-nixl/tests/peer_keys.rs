@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use backend_nixl::MetadataScope;
-use descriptor_core::conformance::{Harness, filled, pattern, zeroed_one};
-use descriptor_core::{Connector, Error, PeerKeys, RdmaMetadata, is_sealed};
+use descriptor_core::conformance::{Harness, filled, pattern, reblobbed, zeroed_one};
+use descriptor_core::{Connector, Error, PeerKeys, is_sealed};
 use test_support::{Nixl, runtime_available};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -37,14 +37,7 @@ fn sealed_blobs_move_bytes_and_forged_ones_never_reach_nixl() {
     for at in [0, 12, 30, 48, 60, sealed.len() / 2, sealed.len() - 1] {
         let mut forged = sealed.clone();
         forged[at] ^= 0x01;
-        let m = readable.metadata();
-        let metadata = RdmaMetadata::new(
-            m.operation_kind(),
-            m.descriptors().to_vec(),
-            forged,
-            m.notification_key().to_owned(),
-        )
-        .unwrap();
+        let metadata = reblobbed(readable.metadata(), forged);
         match client.begin_read(&metadata, zeroed_one(8192)) {
             Err(Error::Unauthenticated { reason }) => {
                 assert!(

@@ -144,6 +144,18 @@ pub fn rekeyed(meta: &RdmaMetadata, victim: &RdmaMetadata) -> RdmaMetadata {
     .unwrap()
 }
 
+/// `meta` carrying the agent blob `blob` instead of its own: what a peer
+/// that forged or changed a blob sends.
+pub fn reblobbed(meta: &RdmaMetadata, blob: Vec<u8>) -> RdmaMetadata {
+    RdmaMetadata::new(
+        meta.operation_kind(),
+        meta.descriptors().to_vec(),
+        blob,
+        meta.notification_key().to_owned(),
+    )
+    .unwrap()
+}
+
 /// `meta`'s first descriptor moved by `by` bytes and resized to `size`.
 pub fn shifted(meta: &RdmaMetadata, by: u64, size: u64) -> Vec<SerializedDescriptor> {
     let d = meta.descriptors()[0];
