@@ -13,7 +13,7 @@ use std::ops::Range;
 use std::time::Duration;
 
 use backend_nixl::{LogLevel, MetadataScope, NixlBackend};
-use descriptor_core::conformance::{filled, pattern, zeroed_one};
+use descriptor_core::conformance::{filled, pattern, reblobbed, zeroed_one};
 use descriptor_core::faults::Faulty;
 use descriptor_core::{
     Connector, Error, OperationKind, RdmaMetadata, ReadableOperation, WritableOperation,
@@ -128,13 +128,7 @@ fn with_key(
     let mut blob = blob_of.agent_metadata().to_vec();
     let key = key_of(&blob, region);
     edit(&mut blob[key]);
-    RdmaMetadata::new(
-        region.operation_kind(),
-        region.descriptors().to_vec(),
-        blob,
-        region.notification_key().into(),
-    )
-    .unwrap()
+    reblobbed(region, blob)
 }
 
 /// `meta` with its agent blob (one section of one region, as an exposure of
@@ -154,13 +148,7 @@ fn with_region_of(meta: &RdmaMetadata, other: &RdmaMetadata) -> RdmaMetadata {
         .unwrap_or_else(|| panic!("not a blob of one region"));
     blob[count + 9..count + 17].copy_from_slice(&2u64.to_le_bytes());
     blob.extend_from_slice(entry);
-    RdmaMetadata::new(
-        meta.operation_kind(),
-        meta.descriptors().to_vec(),
-        blob,
-        meta.notification_key().into(),
-    )
-    .unwrap()
+    reblobbed(meta, blob)
 }
 
 #[rstest]

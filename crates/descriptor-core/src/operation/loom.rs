@@ -52,6 +52,15 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
 
 /// A READ of 8 bytes: active (transfer 1 posted) or passive (exposure 1 made).
 fn read(backend: &Arc<Scripted>, passive: bool) -> Arc<OpShared> {
+    read_quarantined(backend, passive, None)
+}
+
+/// [`read`], its memory going to `quarantine` if it is quarantined.
+fn read_quarantined(
+    backend: &Arc<Scripted>,
+    passive: bool,
+    quarantine: Option<Arc<Quarantine>>,
+) -> Arc<OpShared> {
     let (status, pending) = if passive {
         (
             OperationStatus::Initialized,
@@ -73,7 +82,7 @@ fn read(backend: &Arc<Scripted>, passive: bool) -> Arc<OpShared> {
         status,
         pending,
         None,
-        None,
+        quarantine,
     )
 }
 
@@ -366,18 +375,7 @@ fn loom_a_quarantined_exposure_is_freed_once_whoever_settles_it() {
             std::time::Duration::ZERO,
             0,
         )));
-        let op = OpShared::new(
-            Arc::clone(&backend) as Arc<dyn RegistrationBackend>,
-            Role {
-                kind: OperationKind::Read,
-                passive: true,
-            },
-            8,
-            OperationStatus::Initialized,
-            Pending::Exposure(ExposureId(1)),
-            None,
-            Some(Arc::clone(&quarantine)),
-        );
+        let op = read_quarantined(&backend, true, Some(Arc::clone(&quarantine)));
         let (d, freed) = backend.tracked(8);
         let held = Held::new(vec![d]);
         let cancel = {
