@@ -3,13 +3,17 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use std::os::fd::{AsRawFd, BorrowedFd};
+
 use descriptor_core::{
-    Error, EventHook, Exposed, Exposure, ExposureId, Notification, OperationKind, Posted, RegionId,
-    RegistrationBackend, Release, Result, Segment, TransferId, TransferRequest, TransferState,
+    Error, EventHook, Exposed, Exposure, ExposureId, Notification, OperationKind, PeerTarget,
+    Posted, RegionId, RegistrationBackend, Release, Result, Segment, Target, TransferId,
+    TransferRequest, TransferState,
 };
 
 use crate::blob;
 use crate::fabric::{Agent, Fabric, Grant, IdMap, lock, next_id};
+use crate::files::Files;
 
 const NAME: &str = "loopback";
 const MAX_AGENT_NAME: usize = 255;
@@ -30,6 +34,8 @@ pub struct LoopbackBackend {
     fabric: Fabric,
     agent: Arc<Agent>,
     local: Mutex<LocalRegions>,
+    /// The files registered with this agent.
+    files: Files,
     /// Posted transfers that failed (each copied in `post`), until released.
     /// One that succeeded is not stored: its id says so ([`DONE`]).
     failed: Mutex<IdMap<u64, TransferState>>,
@@ -41,7 +47,7 @@ const DONE: u64 = 1 << 63;
 
 /// The regions registered with this agent, and whether each is writable.
 #[derive(Default)]
-struct LocalRegions {
+pub(crate) struct LocalRegions {
     by_id: IdMap<RegionId, (Segment, bool)>,
 }
 
@@ -76,6 +82,7 @@ impl LoopbackBackend {
             fabric: fabric.clone(),
             agent,
             local: Mutex::new(LocalRegions::default()),
+            files: Files::default(),
             failed: Mutex::new(IdMap::default()),
         })
     }
@@ -116,8 +123,12 @@ impl LoopbackBackend {
     }
 
     /// Checks a request against what both sides really registered and exposed.
-    fn plan<'r>(&self, request: &'r TransferRequest<'r>) -> Result<Job<'r>> {
-        let peer_name = request.peer;
+    fn plan<'r>(
+        &self,
+        request: &'r TransferRequest<'r>,
+        to: &'r PeerTarget<'r>,
+    ) -> Result<Job<'r>> {
+        let peer_name = to.peer;
         let access = request.op;
         let peer = lock(&self.agent.loaded)
             .get(peer_name)
@@ -126,7 +137,7 @@ impl LoopbackBackend {
             .filter(|p| !p.is_gone())
             .ok_or_else(|| Self::denied(peer_name, "the peer has vanished".into()))?;
         // The exposure the transfer's key names: the only memory it may reach.
-        let grant = peer.grant_for(request.notification).ok_or_else(|| {
+        let grant = peer.grant_for(to.notification).ok_or_else(|| {
             Self::denied(
                 peer_name,
                 "no live operation of the peer has the transfer's notification key (it ended, or the metadata is stale or forged)".into(),
@@ -144,36 +155,15 @@ impl LoopbackBackend {
                 ),
             ));
         }
-        if request.local.len() != request.remote.len() {
-            return Err(Error::backend(
-                NAME,
-                format!("post {:?} to {peer_name}", request.op),
-                format!(
-                    "{} local segments for {} remote segments",
-                    request.local.len(),
-                    request.remote.len()
-                ),
-            ));
-        }
-        if request.local_regions.len() != request.local.len() {
-            return Err(Error::backend(
-                NAME,
-                format!("post {:?} to {peer_name}", request.op),
-                format!(
-                    "{} local segments for {} local regions",
-                    request.local.len(),
-                    request.local_regions.len()
-                ),
-            ));
-        }
+        check_counts(request, to.remote.len(), || {
+            format!("post {:?} to {peer_name}", request.op)
+        })?;
         let regions = lock(&self.local);
-        // Views of one pool share a region: the last one looked up is
-        // usually the next pair's too.
-        let mut last: Option<(RegionId, Segment, bool)> = None;
+        let mut last = None;
         for (index, ((local, remote), region)) in request
             .local
             .iter()
-            .zip(request.remote)
+            .zip(to.remote)
             .zip(request.local_regions)
             .enumerate()
         {
@@ -193,31 +183,15 @@ impl LoopbackBackend {
                     remote: remote.len,
                 });
             }
-            let held = match last {
-                Some((id, segment, writable)) if id == *region => {
-                    segment.contains(local).then_some(writable)
-                }
-                _ => regions.by_id.get(region).and_then(|&(segment, writable)| {
-                    last = Some((*region, segment, writable));
-                    segment.contains(local).then_some(writable)
-                }),
-            };
-            match held {
-                Some(writable) if writable || request.op == OperationKind::Write => {}
-                Some(_) => {
-                    return Err(Error::ReadOnlyBuffer { index });
-                }
-                None => {
-                    return Err(Error::backend(
-                        NAME,
-                        format!("post {:?} to {peer_name}", request.op),
-                        format!(
-                            "local descriptor {index} ({:#x}+{}) is not inside region {} of agent {:?}",
-                            local.addr, local.len, region.0, self.agent.name
-                        ),
-                    ));
-                }
-            }
+            regions.check(
+                &mut last,
+                index,
+                local,
+                *region,
+                request.op,
+                || format!("post {:?} to {peer_name}", request.op),
+                &self.agent.name,
+            )?;
             if !grant.covers(index, remote) {
                 return Err(Self::denied(
                     peer_name,
@@ -230,6 +204,7 @@ impl LoopbackBackend {
         }
         Ok(Job {
             request,
+            notify: to.notify,
             from: Arc::clone(&self.agent.name),
             peer,
             grant,
@@ -237,7 +212,77 @@ impl LoopbackBackend {
     }
 }
 
+/// The request's counts agree: as many far segments (`far`) and local
+/// regions as local segments.
+pub(crate) fn check_counts(
+    request: &TransferRequest<'_>,
+    far: usize,
+    context: impl Fn() -> String,
+) -> Result<()> {
+    let local = request.local.len();
+    let wrong = if far != local {
+        Some(format!("{local} local segments for {far} far segments"))
+    } else if request.local_regions.len() != local {
+        Some(format!(
+            "{local} local segments for {} local regions",
+            request.local_regions.len()
+        ))
+    } else {
+        None
+    };
+    match wrong {
+        Some(reason) => Err(Error::backend(NAME, context(), reason)),
+        None => Ok(()),
+    }
+}
+
 impl LocalRegions {
+    /// Checks local pair `index`: host memory inside `region`, registered
+    /// writable if `op` READs into it. `last` caches the region looked up
+    /// last (views of one pool share a region: usually the next pair's too).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn check(
+        &self,
+        last: &mut Option<(RegionId, Segment, bool)>,
+        index: usize,
+        local: &Segment,
+        region: RegionId,
+        op: OperationKind,
+        context: impl Fn() -> String,
+        agent: &str,
+    ) -> Result<()> {
+        if !local.device.is_host() {
+            return Err(Error::Unsupported {
+                backend: NAME,
+                what: format!(
+                    "descriptor {index}: {} memory (host memory only)",
+                    local.device
+                ),
+            });
+        }
+        let held = match *last {
+            Some((id, segment, writable)) if id == region => {
+                segment.contains(local).then_some(writable)
+            }
+            _ => self.by_id.get(&region).and_then(|&(segment, writable)| {
+                *last = Some((region, segment, writable));
+                segment.contains(local).then_some(writable)
+            }),
+        };
+        match held {
+            Some(writable) if writable || op == OperationKind::Write => Ok(()),
+            Some(_) => Err(Error::ReadOnlyBuffer { index }),
+            None => Err(Error::backend(
+                NAME,
+                context(),
+                format!(
+                    "local descriptor {index} ({:#x}+{}) is not inside region {} of agent {agent:?}",
+                    local.addr, local.len, region.0
+                ),
+            )),
+        }
+    }
+
     fn insert(&mut self, id: RegionId, region: Segment, writable: bool) {
         self.by_id.insert(id, (region, writable));
     }
@@ -259,6 +304,7 @@ struct Job<'r> {
     /// Every pair checked: the remote range inside `grant`, the local one
     /// inside a region registered with this agent.
     request: &'r TransferRequest<'r>,
+    notify: bool,
     from: Arc<str>,
     peer: Arc<Agent>,
     /// The exposure every remote range lies in.
@@ -306,7 +352,7 @@ impl Job<'_> {
         }
         // Released before the peer is told: its hook may revoke the exposure.
         drop(live);
-        if self.request.notify {
+        if self.notify {
             // The payload is the key, which the grant holds already.
             self.peer.notify(Notification {
                 from: self.from,
@@ -352,6 +398,9 @@ impl RegistrationBackend for LoopbackBackend {
     }
 
     fn deregister(&self, region: RegionId) -> Result<()> {
+        if self.files.remove(region) {
+            return Ok(());
+        }
         let removed = lock(&self.local).remove(region);
         if removed.is_some() {
             self.agent.regions.fetch_sub(1, Ordering::Relaxed);
@@ -369,6 +418,14 @@ impl RegistrationBackend for LoopbackBackend {
             .unwrap_or_else(PoisonError::into_inner)
             .revoke_region(region);
         Ok(())
+    }
+
+    /// Files are read and written with `pread`/`pwrite` in `post`.
+    unsafe fn register_file(&self, fd: BorrowedFd<'_>, writable: bool) -> Result<RegionId> {
+        if self.agent.is_gone() {
+            return Err(self.gone("register a file"));
+        }
+        Ok(self.files.insert(fd.as_raw_fd(), writable))
     }
 
     unsafe fn expose(
@@ -501,7 +558,13 @@ impl RegistrationBackend for LoopbackBackend {
         }
         // The copy runs here, with no lock of this backend held: it notifies
         // the peer, whose event hook may call straight back into this backend.
-        let state = self.plan(request)?.run();
+        let state = match &request.target {
+            Target::Peer(to) => self.plan(request, to)?.run(),
+            Target::File(spans) => self
+                .files
+                .plan(request, spans, &lock(&self.local), &self.agent.name)?
+                .run(),
+        };
         let id = next_id();
         if matches!(state, TransferState::Done) {
             return Ok(Posted {

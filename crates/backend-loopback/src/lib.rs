@@ -27,6 +27,7 @@
 mod backend;
 mod blob;
 mod fabric;
+mod files;
 
 pub use backend::LoopbackBackend;
 pub use fabric::Fabric;

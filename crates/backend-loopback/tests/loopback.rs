@@ -485,7 +485,8 @@ fn page(at: *const u8) -> descriptor_core::Segment {
 #[test]
 fn completed_transfers_read_done_and_unknown_ids_do_not() {
     use descriptor_core::{
-        Exposed, RegistrationBackend, Release, TransferId, TransferRequest, TransferState,
+        Exposed, PeerTarget, RegistrationBackend, Release, Target, TransferId, TransferRequest,
+        TransferState,
     };
     // Declared first, so dropped last: the backends go before the buffers.
     let src = pattern(35, 4096);
@@ -510,12 +511,14 @@ fn completed_transfers_read_done_and_unknown_ids_do_not() {
         client
             .post(&TransferRequest {
                 op: OperationKind::Read,
-                peer: &peer,
                 local: &[local],
                 local_regions: &[target],
-                remote: &[remote],
-                notification: b"key",
-                notify: true,
+                target: Target::Peer(PeerTarget {
+                    peer: &peer,
+                    remote: &[remote],
+                    notification: b"key",
+                    notify: true,
+                }),
             })
             .unwrap()
     };
@@ -547,7 +550,8 @@ fn completed_transfers_read_done_and_unknown_ids_do_not() {
 #[test]
 fn exposures_are_reached_through_their_notification_key() {
     use descriptor_core::{
-        Exposed, RegionId, RegistrationBackend, Segment, TransferRequest, TransferState,
+        Exposed, PeerTarget, RegionId, RegistrationBackend, Segment, Target, TransferRequest,
+        TransferState,
     };
     // Declared first, so dropped last: the backends go before the buffers.
     let first = pattern(36, 4096);
@@ -562,12 +566,14 @@ fn exposures_are_reached_through_their_notification_key() {
     let read = |remote: Segment, key: &[u8], notify: bool| {
         let request = TransferRequest {
             op: OperationKind::Read,
-            peer: "server",
             local: &[local],
             local_regions: &[target],
-            remote: &[remote],
-            notification: key,
-            notify,
+            target: Target::Peer(PeerTarget {
+                peer: "server",
+                remote: &[remote],
+                notification: key,
+                notify,
+            }),
         };
         // SAFETY: every buffer outlives the backends (declared before them);
         // `dst` is registered writable and only written by the copy, which
@@ -640,7 +646,9 @@ fn exposures_are_reached_through_their_notification_key() {
 /// refused, wherever it sits.
 #[test]
 fn ranges_are_checked_wherever_they_sit_in_the_request() {
-    use descriptor_core::{Exposed, RegistrationBackend, Segment, TransferRequest, TransferState};
+    use descriptor_core::{
+        Exposed, PeerTarget, RegistrationBackend, Segment, Target, TransferRequest, TransferState,
+    };
     // Declared first, so dropped last: the backends go before the buffers.
     let sources: Vec<Vec<u8>> = (40..43).map(|seed| pattern(seed, 4096)).collect();
     let mut dst = vec![0u8; 3 * 4096];
@@ -675,12 +683,14 @@ fn ranges_are_checked_wherever_they_sit_in_the_request() {
         let local_regions = vec![whole_region; local.len()];
         let request = TransferRequest {
             op: OperationKind::Read,
-            peer: "server",
             local,
             local_regions: &local_regions,
-            remote,
-            notification: b"ranges",
-            notify: false,
+            target: Target::Peer(PeerTarget {
+                peer: "server",
+                remote,
+                notification: b"ranges",
+                notify: false,
+            }),
         };
         // SAFETY: as above.
         unsafe { client.post(&request) }
@@ -709,12 +719,14 @@ fn ranges_are_checked_wherever_they_sit_in_the_request() {
     };
     let misnamed = TransferRequest {
         op: OperationKind::Read,
-        peer: "server",
         local: &[at(5000, 3900)],
         local_regions: &[middle_region],
-        remote: &[inside],
-        notification: b"ranges",
-        notify: false,
+        target: Target::Peer(PeerTarget {
+            peer: "server",
+            remote: &[inside],
+            notification: b"ranges",
+            notify: false,
+        }),
     };
     // SAFETY: as above; refused before anything is copied.
     let refused = unsafe { client.post(&misnamed) };

@@ -9,10 +9,12 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use std::os::fd::BorrowedFd;
+
 use descriptor_core::{
-    Error, EventHook, Exposed, Exposure, ExposureId, Notification, OperationKind, Posted, RegionId,
-    RegistrationBackend, Release, Result, Segment, SharedCause, TransferId, TransferRequest,
-    TransferState,
+    Error, EventHook, Exposed, Exposure, ExposureId, FileSpan, Notification, OperationKind, Posted,
+    RegionId, RegistrationBackend, Release, Result, Segment, SharedCause, Target, TransferId,
+    TransferRequest, TransferState,
 };
 use nixl_sys::{Agent, NixlError, OptArgs, XferOp};
 
@@ -23,6 +25,7 @@ use crate::memory::{Range, Region, mem_of, run_lists};
 use crate::peers::PeerLoader;
 use crate::route::{self, Route};
 use crate::scope::{ExposureMetadata, MetadataScope};
+use crate::storage::{Files, Storage, StorageState};
 use crate::sync::lock;
 use crate::transfer::{ApartNotification, Asker, Transfer};
 use crate::tuning::Tuning;
@@ -55,6 +58,10 @@ pub struct NixlBackend {
     /// The peers loaded into the agents, and loading them (see
     /// [`crate::peers`]).
     peers: PeerLoader,
+    /// The storage plugin on the initiating agent, and the files
+    /// registered with it ([`crate::storage`]).
+    storage: StorageState,
+    files: Files,
 }
 
 impl std::fmt::Debug for NixlBackend {
@@ -73,6 +80,7 @@ impl NixlBackend {
         agents: Agents,
         scope: MetadataScope,
         tuning: Tuning,
+        storage: StorageState,
     ) -> NixlBackend {
         NixlBackend {
             peers: PeerLoader::new(&name, &agents, &tuning),
@@ -82,7 +90,71 @@ impl NixlBackend {
             metadata: ExposureMetadata::new(scope),
             next_id: AtomicU64::new(1),
             regions: Mutex::new(HashMap::new()),
+            storage,
+            files: Files::default(),
         }
+    }
+
+    /// The storage plugin in use, if any: [`Storage::PosixAio`] when
+    /// [`Storage::PosixUring`] was asked for and io_uring could not be set
+    /// up; `None` when storage is off or its plugin could not be created.
+    pub fn storage(&self) -> Option<Storage> {
+        match self.storage {
+            StorageState::On(storage) => Some(storage),
+            StorageState::Unavailable(_) => None,
+        }
+    }
+
+    /// Posts a storage transfer through the initiating agent, to itself.
+    ///
+    /// # Safety
+    ///
+    /// [`RegistrationBackend::post`]'s.
+    unsafe fn post_file(
+        &self,
+        request: &TransferRequest<'_>,
+        spans: &[FileSpan],
+    ) -> Result<Posted> {
+        let (op, verb) = match request.op {
+            OperationKind::Read => (XferOp::Read, "READ"),
+            OperationKind::Write => (XferOp::Write, "WRITE"),
+        };
+        let context = || {
+            format!(
+                "{verb} of {} bytes with {} file segments",
+                request.bytes(),
+                spans.len()
+            )
+        };
+        let (local, files) = self.files.lists(&self.storage, request, spans)?;
+        let agent = self.live.agents.initiating();
+        let own = agent.name();
+        let xfer = agent
+            .create_xfer_req(op, &local, &files, &own, None)
+            .map_err(|e| nixl_error(context(), e))?;
+        // As for a peer: a failed post is kept like a running request, and
+        // released only once NIXL says it is idle (releasing a POSIX request
+        // with I/O in flight is a use-after-free in NIXL).
+        let (done, post_error) = match agent.post_xfer_req(&xfer, None) {
+            Ok(pending) => (!pending, None),
+            Err(e) => (
+                false,
+                Some(Arc::new(nixl_error(format!("post {}", context()), e)) as SharedCause),
+            ),
+        };
+        let id = self.id();
+        lock(&self.live.transfers).insert(id, Transfer::file(xfer, own, post_error));
+        let state = done
+            .then(|| self.live.state(id, Asker::Internal))
+            .flatten()
+            .unwrap_or(TransferState::InProgress);
+        if matches!(state, TransferState::InProgress) {
+            self.live.kick(Kick::Transfer);
+        }
+        Ok(Posted {
+            id: TransferId(id),
+            state,
+        })
     }
 
     fn id(&self) -> u64 {
@@ -182,6 +254,9 @@ impl RegistrationBackend for NixlBackend {
     }
 
     fn deregister(&self, region: RegionId) -> Result<()> {
+        if self.files.remove(region.0) {
+            return Ok(());
+        }
         // Dropping the handle deregisters.
         match lock(&self.regions).remove(&region.0) {
             Some(_) => Ok(()),
@@ -191,6 +266,20 @@ impl RegistrationBackend for NixlBackend {
                 format!("region {} is not registered", region.0),
             )),
         }
+    }
+
+    /// Registered with the initiating agent's storage plugin
+    /// ([`NixlBackendBuilder::storage`](crate::NixlBackendBuilder::storage)).
+    unsafe fn register_file(&self, fd: BorrowedFd<'_>, writable: bool) -> Result<RegionId> {
+        let id = self.id();
+        self.files.register(
+            &self.storage,
+            self.live.agents.initiating(),
+            id,
+            fd,
+            writable,
+        )?;
+        Ok(RegionId(id))
     }
 
     /// NIXL cannot bind an exposure to a notification key (`_key` is
@@ -273,32 +362,31 @@ impl RegistrationBackend for NixlBackend {
     }
 
     unsafe fn post(&self, request: &TransferRequest<'_>) -> Result<Posted> {
+        let to = match &request.target {
+            Target::Peer(to) => to,
+            // SAFETY: our caller's contract.
+            Target::File(spans) => return unsafe { self.post_file(request, spans) },
+        };
         let (op, verb) = match request.op {
             OperationKind::Read => (XferOp::Read, "READ"),
             OperationKind::Write => (XferOp::Write, "WRITE"),
         };
-        let context = || {
-            format!(
-                "{verb} of {} bytes with {:?}",
-                request.bytes(),
-                request.peer
-            )
-        };
+        let context = || format!("{verb} of {} bytes with {:?}", request.bytes(), to.peer);
         // Counted in flight against its NIXL name until released, so that
         // an earlier name of the peer is unloaded only once unused.
-        let (posting, spans) = self.peers.posting(request.peer, request.remote.len() > 1);
+        let (posting, spans) = self.peers.posting(to.peer, to.remote.len() > 1);
         let nixl_peer = posting.name().to_owned();
         // Neighbouring pairs go as one descriptor: NIXL's `create_xfer_req`
         // does not merge them, and a request's cost grows with its
         // descriptors (docs/decisions/0011-registered-memory-and-views.md).
-        let (local, remote) = run_lists(request, spans.as_deref())?;
+        let (local, remote) = run_lists(request, to.remote, spans.as_deref())?;
         let mut args = OptArgs::new().map_err(|e| nixl_error(context(), e))?;
         // Which agent posts, and how the notification travels: `route::plan`.
         let agents = &self.live.agents;
         let notifier = agents.notifiers.get(&nixl_peer);
-        let mut route = route::plan(request.notify, agents.notifications, notifier);
+        let mut route = route::plan(to.notify, agents.notifications, notifier);
         if route.attaches() {
-            args.set_notification_message(request.notification)
+            args.set_notification_message(to.notification)
                 .and_then(|()| args.set_has_notification(true))
                 .map_err(|e| nixl_error(context(), e))?;
         }
@@ -311,14 +399,14 @@ impl RegistrationBackend for NixlBackend {
             // The serving agent lacks some of the peer's regions (a load
             // failed there): through the initiating one, notification
             // attached, then.
-            tracing::debug!(peer = %request.peer, %error, "the serving agent cannot post the transfer");
+            tracing::debug!(peer = %to.peer, %error, "the serving agent cannot post the transfer");
             route = Route::Attached;
             created = create(agents.initiating());
         }
         let xfer = created.map_err(|e| match e {
             NixlError::FailedToCreateXferRequest | NixlError::NotFound => Error::AccessDenied {
                 backend: NAME,
-                peer: request.peer.to_owned(),
+                peer: to.peer.to_owned(),
                 reason: format!(
                     "NIXL refused the {verb}: remote ranges are not inside regions the peer's metadata describes, or the peer is not loaded ({e})"
                 ),
@@ -338,7 +426,7 @@ impl RegistrationBackend for NixlBackend {
         let id = self.id();
         let apart = (route == Route::Apart).then(|| ApartNotification {
             peer: nixl_peer.clone(),
-            payload: request.notification.into(),
+            payload: to.notification.into(),
         });
         lock(&self.live.transfers)
             .insert(id, Transfer::new(xfer, route, nixl_peer, post_error, apart));
@@ -400,7 +488,7 @@ impl RegistrationBackend for NixlBackend {
             Some(_) => {}
         }
         let removed = lock(&self.live.transfers).remove(&transfer.0);
-        if let Some(t) = &removed {
+        if let Some(t) = removed.as_ref().filter(|t| !t.storage) {
             self.peers.posted(&t.peer);
         }
         drop(removed);
@@ -464,5 +552,6 @@ impl Drop for NixlBackend {
         }
         lock(&self.live.transfers).clear();
         lock(&self.regions).clear();
+        self.files.clear();
     }
 }

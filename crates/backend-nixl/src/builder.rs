@@ -17,6 +17,7 @@ use crate::backend::NixlBackend;
 use crate::error::{NAME, nixl_error};
 use crate::runtime;
 use crate::scope::MetadataScope;
+use crate::storage::{Storage, StorageState};
 use crate::tuning::{Notifications, Tuning};
 
 /// Builds a [`NixlBackend`]: transport plugins and their parameters, progress
@@ -34,6 +35,7 @@ pub struct NixlBackendBuilder {
     notifications: Notifications,
     tuning: Tuning,
     log_level: Option<runtime::LogLevel>,
+    storage: Storage,
 }
 
 impl NixlBackend {
@@ -57,6 +59,7 @@ impl NixlBackend {
             notifications: Notifications::Apart,
             tuning: Tuning::default(),
             log_level: None,
+            storage: Storage::default(),
         }
     }
 }
@@ -178,6 +181,17 @@ impl NixlBackendBuilder {
         self
     }
 
+    /// Which NIXL plugin moves blocks to and from files
+    /// ([`Connector::begin_file_write`](descriptor_core::Connector::begin_file_write)):
+    /// [`Storage::PosixAio`] by default, created on the agent that posts
+    /// this connector's transfers. A plugin that cannot be created leaves
+    /// storage transfers [`Error::Unsupported`] (with the reason), and the
+    /// rest of the backend working.
+    pub fn storage(mut self, storage: Storage) -> Self {
+        self.storage = storage;
+        self
+    }
+
     /// Loads the runtime (see [`runtime::load`]), creates the agent and its backends.
     pub fn build(self) -> Result<NixlBackend> {
         let plugins = self
@@ -211,12 +225,17 @@ impl NixlBackendBuilder {
         // the first agent) reaches UCX now.
         runtime::apply_ucx_log_level();
         let agents = Agents::new(serving, initiator, self.notifications);
+        // Before any memory is registered: NIXL registers each region with
+        // every plugin the agent runs, and a storage transfer needs its
+        // memory registered with the storage plugin.
+        let storage = StorageState::create(agents.initiating(), self.storage);
         tracing::debug!(agent = %self.name, two_agents = agents.two(), notifications = ?agents.notifications, ?plugins, scope = ?self.scope, "created NIXL agents");
         Ok(NixlBackend::from_agents(
             self.name,
             agents,
             self.scope,
             self.tuning,
+            storage,
         ))
     }
 

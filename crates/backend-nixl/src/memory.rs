@@ -62,6 +62,7 @@ pub(crate) fn mem_of(device: Device) -> Result<(MemType, u64)> {
 /// peer's registrations as `spans` records them (none merge without).
 pub(crate) fn run_lists(
     request: &TransferRequest<'_>,
+    remote: &[Segment],
     spans: Option<&Spans>,
 ) -> Result<(XferDescList<'static>, XferDescList<'static>)> {
     let first = |segments: &[Segment], side| {
@@ -74,7 +75,7 @@ pub(crate) fn run_lists(
             })
     };
     let mut local = first(request.local, Side::Local)?;
-    let mut remote = first(request.remote, Side::Remote)?;
+    let mut remote = first(remote, Side::Remote)?;
     for run in request.runs(|a, b| spans.is_some_and(|s| s.hold_together(a, b))) {
         local.add_desc(run.local.addr, run.local.len, mem_of(run.local.device)?.1);
         remote.add_desc(

@@ -147,7 +147,9 @@ mod tests {
     /// three together in neither; the runs NIXL is given lie each in one.
     #[test]
     fn runs_over_overlapping_registrations_lie_each_in_one() {
-        use descriptor_core::{Device, OperationKind, RegionId, TransferRequest};
+        use descriptor_core::{
+            Device, OperationKind, PeerTarget, RegionId, Target, TransferRequest,
+        };
         const B: u64 = 4096;
         let key = |addr: u64, len: u64| RegionKey {
             backend: "UCX".into(),
@@ -170,12 +172,14 @@ mod tests {
         let local: Vec<Segment> = (0..3).map(|i| host(0x90_0000 + i * B, B)).collect();
         let request = TransferRequest {
             op: OperationKind::Read,
-            peer: "p",
             local: &local,
             local_regions: &[RegionId(1); 3],
-            remote: &remote,
-            notification: b"k",
-            notify: true,
+            target: Target::Peer(PeerTarget {
+                peer: "p",
+                remote: &remote,
+                notification: b"k",
+                notify: true,
+            }),
         };
         let runs: Vec<(Segment, usize)> = request
             .runs(|a, b| spans.hold_together(a, b))

@@ -33,6 +33,9 @@ pub(crate) struct Transfer {
     /// A thread is sending the notification: the transfer counts as running
     /// until that thread records the end.
     notifying: bool,
+    /// A storage transfer (posted to the initiating agent itself), not one
+    /// with a peer.
+    pub(crate) storage: bool,
 }
 
 /// A transfer's notification, sent apart from it.
@@ -84,6 +87,19 @@ impl Transfer {
             post_error,
             apart,
             notifying: false,
+            storage: false,
+        }
+    }
+
+    /// A storage transfer, posted through the initiating agent to itself.
+    pub(crate) fn file(
+        request: XferRequest,
+        agent: String,
+        post_error: Option<SharedCause>,
+    ) -> Transfer {
+        Transfer {
+            storage: true,
+            ..Transfer::new(request, Route::Silent, agent, post_error, None)
         }
     }
 

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use backend_nixl::NixlBackend;
 use descriptor_core::{
-    Device, Exposed, OperationKind, RegistrationBackend, Release, Segment, TransferRequest,
-    TransferState,
+    Device, Exposed, OperationKind, PeerTarget, RegistrationBackend, Release, Segment, Target,
+    TransferRequest, TransferState,
 };
 use test_support::pattern;
 
@@ -74,12 +74,14 @@ fn write_once(from: &NixlBackend, to: &NixlBackend, len: usize, follow: Follow) 
     assert_eq!(peer, to.agent_name());
     let request = TransferRequest {
         op: OperationKind::Write,
-        peer: &peer,
         local: &[source_seg],
         local_regions: &[source_region],
-        remote: &[target_seg],
-        notification: b"key",
-        notify: true,
+        target: Target::Peer(PeerTarget {
+            peer: &peer,
+            remote: &[target_seg],
+            notification: b"key",
+            notify: true,
+        }),
     };
     // SAFETY: the local segment is registered with `from` above, and the
     // buffer lives until the transfer has ended and was released (below).
@@ -244,12 +246,14 @@ fn the_notification_outlives_an_initiator_dropped_at_once() {
     let peer = a.load_remote(&exposure.agent_metadata).unwrap();
     let request = TransferRequest {
         op: OperationKind::Write,
-        peer: &peer,
         local: &[source_seg],
         local_regions: &[source_region],
-        remote: &[target_seg],
-        notification: b"bye",
-        notify: true,
+        target: Target::Peer(PeerTarget {
+            peer: &peer,
+            remote: &[target_seg],
+            notification: b"bye",
+            notify: true,
+        }),
     };
     // SAFETY: the local segment is registered with `a` above, and the buffer
     // lives until the transfer has ended and `a` is gone (below).

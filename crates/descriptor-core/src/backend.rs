@@ -6,6 +6,7 @@
 //! rest (pairing checks, the remote-agent cache, progress, waking waiters), so a
 //! backend stays small and never sees the public operation types.
 
+use std::os::fd::{BorrowedFd, RawFd};
 use std::sync::Arc;
 
 use crate::device::Device;
@@ -112,20 +113,41 @@ pub enum Release {
     StillRunning,
 }
 
-/// A READ or WRITE between local and remote segments, paired index by index.
+/// A READ or WRITE between local memory and a far side (a peer's memory, or
+/// a file), paired index by index.
 #[derive(Debug, Clone, Copy)]
 pub struct TransferRequest<'a> {
     /// Direction, seen from the agent that posts it: [`OperationKind::Read`]
-    /// copies remote memory into local memory (the peer published a readable),
-    /// [`OperationKind::Write`] local into remote (a writable).
+    /// copies the far side into local memory (the peer published a readable;
+    /// a file is read back), [`OperationKind::Write`] local memory into the
+    /// far side (a writable; blocks offloaded to a file).
     pub op: OperationKind,
-    /// The peer, as returned by [`RegistrationBackend::load_remote`].
-    pub peer: &'a str,
     /// Local segments, inside regions registered with this backend.
     pub local: &'a [Segment],
     /// The region holding each local segment, index by index: segments of
     /// one region that end where the next begins may be moved as one.
     pub local_regions: &'a [RegionId],
+    /// What the local segments are paired with.
+    pub target: Target<'a>,
+}
+
+/// The far side of a transfer.
+#[derive(Debug, Clone, Copy)]
+pub enum Target<'a> {
+    /// A peer's memory, described by its metadata.
+    Peer(PeerTarget<'a>),
+    /// Parts of files registered with this backend
+    /// ([`RegistrationBackend::register_file`]), one per local segment.
+    /// A backend that has no storage refuses the request with
+    /// [`Error::Unsupported`](crate::Error::Unsupported).
+    File(&'a [FileSpan]),
+}
+
+/// A transfer's peer side.
+#[derive(Debug, Clone, Copy)]
+pub struct PeerTarget<'a> {
+    /// The peer, as returned by [`RegistrationBackend::load_remote`].
+    pub peer: &'a str,
     /// Remote segments, as the peer's metadata describes them (untrusted).
     pub remote: &'a [Segment],
     /// The notification key of the peer's operation, from its metadata: the
@@ -141,10 +163,39 @@ pub struct TransferRequest<'a> {
     pub notify: bool,
 }
 
-impl TransferRequest<'_> {
+/// A part of a registered file, the far side of one pair of a storage
+/// transfer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FileSpan {
+    /// The file's registration, from [`RegistrationBackend::register_file`].
+    pub region: RegionId,
+    /// The file's descriptor, as registered.
+    pub fd: RawFd,
+    /// Where the span starts in the file.
+    pub offset: u64,
+    /// Its length in bytes: the local segment's at the same index.
+    pub len: usize,
+}
+
+impl FileSpan {
+    /// One past the span's last byte, or `None` past `u64::MAX`.
+    pub fn end(&self) -> Option<u64> {
+        self.offset.checked_add(self.len as u64)
+    }
+}
+
+impl<'a> TransferRequest<'a> {
     /// Total bytes moved.
     pub fn bytes(&self) -> usize {
         self.local.iter().map(|s| s.len).sum()
+    }
+
+    /// The peer side, unless the far side is a file.
+    pub fn peer(&self) -> Option<&PeerTarget<'a>> {
+        match &self.target {
+            Target::Peer(peer) => Some(peer),
+            Target::File(_) => None,
+        }
     }
 }
 
@@ -279,8 +330,26 @@ pub trait RegistrationBackend: Send + Sync + 'static {
     /// `region.addr` must come from a pointer whose provenance was exposed.
     unsafe fn register(&self, region: &Segment, writable: bool) -> Result<RegionId>;
 
-    /// Deregisters a region; called before its memory is released.
+    /// Deregisters a region (or a file); called before its memory is
+    /// released (its file closed).
     fn deregister(&self, region: RegionId) -> Result<()>;
+
+    /// Registers an open regular file for storage transfers
+    /// ([`Target::File`]); `writable` says whether transfers may write it
+    /// (it was opened for writing). Default: no storage,
+    /// [`Error::Unsupported`](crate::Error::Unsupported).
+    ///
+    /// # Safety
+    ///
+    /// The descriptor stays open, and names the same file, until
+    /// [`deregister`](Self::deregister) returns for the registration.
+    unsafe fn register_file(&self, fd: BorrowedFd<'_>, writable: bool) -> Result<RegionId> {
+        let _ = (fd, writable);
+        Err(crate::Error::Unsupported {
+            backend: self.backend_name(),
+            what: "storage transfers (files as the far side)".into(),
+        })
+    }
 
     /// Describes `ranges` (each inside a region registered with this backend)
     /// to peers that may `access` them (READ for a readable, WRITE for a
@@ -349,6 +418,8 @@ pub trait RegistrationBackend: Send + Sync + 'static {
 
     /// Posts a transfer. Remote segments come from untrusted metadata: a backend
     /// must refuse ranges the peer did not register and expose where it can.
+    /// File spans name files registered with this backend; a READ past a
+    /// file's end fails the transfer (never leaves bytes unread silently).
     ///
     /// # Safety
     ///
@@ -435,6 +506,10 @@ impl<B: RegistrationBackend + ?Sized> RegistrationBackend for Box<B> {
     }
     fn deregister(&self, region: RegionId) -> Result<()> {
         (**self).deregister(region)
+    }
+    unsafe fn register_file(&self, fd: BorrowedFd<'_>, writable: bool) -> Result<RegionId> {
+        // SAFETY: our caller's contract is the boxed backend's.
+        unsafe { (**self).register_file(fd, writable) }
     }
     unsafe fn expose(
         &self,

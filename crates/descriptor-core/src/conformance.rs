@@ -49,6 +49,7 @@ mod completion;
 mod concurrency;
 mod deadlocks;
 mod empty;
+mod files;
 mod hooked;
 mod pairing;
 mod panics;
@@ -60,6 +61,7 @@ pub use completion::*;
 pub use concurrency::*;
 pub use deadlocks::*;
 pub use empty::*;
+pub use files::*;
 pub use hooked::*;
 pub use pairing::*;
 pub use panics::*;
@@ -444,6 +446,27 @@ macro_rules! __conformance_checks {
                 empty_descriptors_move_like_any_other {
                     holds: |h, p| $crate::conformance::empty_descriptors_move_like_any_other(h);
                 }
+                file_write_then_read_moves_bytes {
+                    one_block: |h, p| $crate::conformance::file_write_then_read_moves_bytes(h, &[4096], false);
+                    contiguous_blocks: |h, p| $crate::conformance::file_write_then_read_moves_bytes(h, &[65536; 64], false);
+                    scattered_blocks: |h, p| $crate::conformance::file_write_then_read_moves_bytes(h, &[4096; 256], true);
+                    uneven_blocks: |h, p| $crate::conformance::file_write_then_read_moves_bytes(h, &[1, 4095, 1 << 20, 3], false);
+                }
+                file_pairing_errors_name_the_problem {
+                    holds: |h, p| $crate::conformance::file_pairing_errors_name_the_problem(h);
+                }
+                a_file_is_registered_once_and_closed_after_its_last_segment {
+                    holds: |h, p| $crate::conformance::a_file_is_registered_once_and_closed_after_its_last_segment(h);
+                }
+                a_failed_or_cancelled_file_transfer_keeps_memory_and_file_until_let_go {
+                    holds: |h, p| $crate::conformance::a_failed_or_cancelled_file_transfer_keeps_memory_and_file_until_let_go(h);
+                }
+                a_file_truncated_under_a_read_fails_it {
+                    holds: |h, p| $crate::conformance::a_file_truncated_under_a_read_fails_it(h);
+                }
+                a_full_file_system_fails_the_write {
+                    holds: |h, p| $crate::conformance::a_full_file_system_fails_the_write(h);
+                }
             }
         }
     };
@@ -570,6 +593,7 @@ mod tests {
         ("concurrency", include_str!("conformance/concurrency.rs")),
         ("deadlocks", include_str!("conformance/deadlocks.rs")),
         ("empty", include_str!("conformance/empty.rs")),
+        ("files", include_str!("conformance/files.rs")),
         ("hooked", include_str!("conformance/hooked.rs")),
         ("pairing", include_str!("conformance/pairing.rs")),
         ("panics", include_str!("conformance/panics.rs")),

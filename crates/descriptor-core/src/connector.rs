@@ -4,12 +4,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::auth::{Auth, PeerKeys};
-use crate::backend::{Exposed, RegionId, RegistrationBackend, Segment, TransferRequest};
+use crate::backend::{
+    Exposed, PeerTarget, RegionId, RegistrationBackend, Segment, Target, TransferRequest,
+};
 use crate::descriptor::Descriptor;
 use crate::engine::Engine;
 use crate::error::{Error, Result, Side};
+use crate::file::{FileSegment, check_file_pairing};
 use crate::metadata::{OperationKind, RdmaMetadata, SerializedDescriptor};
-use crate::operation::state::{OpShared, OperationStatus, Pending, Role};
+use crate::operation::state::{FarSide, OpShared, OperationStatus, Pending, Role};
 use crate::operation::{
     Held, OperationCore, ReadOperation, ReadableOperation, WritableOperation, WriteOperation,
 };
@@ -380,6 +383,53 @@ impl Connector {
             .map(WriteOperation::new)
     }
 
+    /// WRITEs `local` into parts of files, pair by pair (a storage tier's
+    /// offload); the transfer is posted before this returns, and completes
+    /// as every operation does (`wait`, `.await`, `status`, `cancel`).
+    ///
+    /// - as many segments as descriptors ([`Error::DescriptorCountMismatch`]),
+    ///   neither list empty ([`Error::EmptyDescriptorList`]), and descriptor
+    ///   `i`'s [`size`](Descriptor::size) equal to segment `i`'s
+    ///   [`len`](FileSegment::len) ([`Error::SizeMismatch`]);
+    /// - every file opened for writing ([`Error::ReadOnlyFile`]); a file
+    ///   grows as the WRITE reaches past its end;
+    /// - local descriptors on one kind of device, not registered with
+    ///   another connector, as for [`begin_write`](Self::begin_write).
+    ///
+    /// Each file is registered with the backend the first time one of its
+    /// segments is moved, once. Segments next to each other in one file,
+    /// paired with neighbouring views of one registration, move as one.
+    /// What completion guarantees: every byte is in the file (in the page
+    /// cache unless the file was opened with `O_DIRECT`: not synced to the
+    /// disk; call `File::sync_data` for that). A WRITE that did not
+    /// complete (failed, cancelled, or its process died) may have written
+    /// any part of any block, so record a block as stored only once its
+    /// WRITE completed. A backend without storage answers
+    /// [`Error::Unsupported`].
+    pub fn begin_file_write(
+        &self,
+        local: impl Into<Vec<Descriptor>>,
+        files: impl Into<Vec<FileSegment>>,
+    ) -> Result<WriteOperation> {
+        self.begin_file(files.into(), local.into(), OperationKind::Write)
+            .map(WriteOperation::new)
+    }
+
+    /// READs parts of files back into `local`, pair by pair (a storage
+    /// tier's hit); the rules are [`begin_file_write`](Self::begin_file_write)'s,
+    /// with local descriptors writable ([`Error::ReadOnlyBuffer`]) and each
+    /// segment inside its file when the READ begins
+    /// ([`Error::PastEndOfFile`]). A file truncated while the READ runs
+    /// fails it (never leaves bytes unread silently).
+    pub fn begin_file_read(
+        &self,
+        files: impl Into<Vec<FileSegment>>,
+        local: impl Into<Vec<Descriptor>>,
+    ) -> Result<ReadOperation> {
+        self.begin_file(files.into(), local.into(), OperationKind::Read)
+            .map(ReadOperation::new)
+    }
+
     fn create_passive(
         &self,
         mut descriptors: Vec<Descriptor>,
@@ -474,35 +524,94 @@ impl Connector {
         let (local_segments, remote_segments) = segments.as_slice().split_at(local.len());
         let request = TransferRequest {
             op,
-            peer: lease.peer(),
             local: local_segments,
             local_regions: regions.as_slice(),
-            remote: remote_segments,
-            notification: remote.notification_key().as_bytes(),
-            notify: true,
+            target: Target::Peer(PeerTarget {
+                peer: lease.peer(),
+                remote: remote_segments,
+                notification: remote.notification_key().as_bytes(),
+                notify: true,
+            }),
         };
-        let bytes = request.bytes();
-        let span = tracing::debug_span!("post", connector = %self.inner.name, peer = %lease.peer(), ?op, bytes);
+        let span = tracing::debug_span!("post", connector = %self.inner.name, peer = %lease.peer(), ?op, bytes = request.bytes());
         let _entered = span.enter();
+        let (local, posted) = self.post(local, &request)?;
+        let (op, bytes) = (request.op, request.bytes());
+        Ok(self.track(local, op, bytes, posted, FarSide::Peer(lease)))
+    }
+
+    fn begin_file(
+        &self,
+        files: Vec<FileSegment>,
+        mut local: Vec<Descriptor>,
+        op: OperationKind,
+    ) -> Result<OperationCore> {
+        check_file_pairing(&files, &local, op)?;
+        let mut regions = StackVec::<RegionId, 4>::with_capacity(local.len(), RegionId(0));
+        for d in &mut local {
+            regions.push(d.register_view(self)?);
+        }
+        let spans = files
+            .iter()
+            .map(|f| f.register(self))
+            .collect::<Result<Vec<_>>>()?;
+        let mut segments = Segments::with_capacity(local.len(), EMPTY_SEGMENT);
+        for d in &local {
+            segments.push(d.segment());
+        }
+        let request = TransferRequest {
+            op,
+            local: segments.as_slice(),
+            local_regions: regions.as_slice(),
+            target: Target::File(&spans),
+        };
+        let span = tracing::debug_span!("post", connector = %self.inner.name, files = spans.len(), ?op, bytes = request.bytes());
+        let _entered = span.enter();
+        let (local, posted) = self.post(local, &request)?;
+        let (op, bytes) = (request.op, request.bytes());
+        Ok(self.track(local, op, bytes, posted, FarSide::Files(files)))
+    }
+
+    /// Posts `request`, whose local segments are `local`'s (registered with
+    /// this connector's backend, named at their index in `local_regions`);
+    /// the caller hands what it returns to [`track`](Self::track).
+    fn post(
+        &self,
+        local: Vec<Descriptor>,
+        request: &TransferRequest<'_>,
+    ) -> Result<(Held, crate::backend::Posted)> {
         // A backend that panics in `post` (or in the `release` that
         // `OpShared::posted` makes) may have started the transfer: the `Held`
         // then leaks the memory instead of freeing it.
         let local = Held::new(local);
         // SAFETY: every local segment is the transferred part of a descriptor
-        // whose region was registered just above with this backend and is
-        // named at its index in `local_regions` (writable when READ into:
-        // checked by `check_pairing`); no other live view overlaps it (V1); the
-        // operation created below owns the descriptors and hands them back only
-        // after `release` answered `Release::LetGo` (`state::released`, called
-        // at post time or when the transfer is settled). If `post` fails, no
-        // transfer exists and they are freed normally.
-        let posted = match unsafe { self.inner.backend.post(&request) } {
-            Ok(posted) => posted,
+        // whose region was registered with this backend and is named at its
+        // index in `local_regions` (writable when READ into: checked by
+        // `check_pairing` / `check_file_pairing`); no other live view
+        // overlaps it (V1); the operation created below owns the
+        // descriptors (and the files, in `far`) and hands them back only
+        // after `release` answered `Release::LetGo` (`state::released`,
+        // called at post time or when the transfer is settled). If `post`
+        // fails, no transfer exists and they are freed normally.
+        match unsafe { self.inner.backend.post(request) } {
+            Ok(posted) => Ok((local, posted)),
             Err(e) => {
                 drop(local.release());
-                return Err(e);
+                Err(e)
             }
-        };
+        }
+    }
+
+    /// The operation of a transfer [`post`](Self::post) started: it owns
+    /// `local` and `far` until the backend lets go.
+    fn track(
+        &self,
+        local: Held,
+        op: OperationKind,
+        bytes: usize,
+        posted: crate::backend::Posted,
+        far: FarSide,
+    ) -> OperationCore {
         let (shared, driven) = OpShared::posted(
             self.backend_arc(),
             Role {
@@ -511,18 +620,18 @@ impl Connector {
             },
             bytes,
             posted,
-            lease,
+            far,
         );
         let core = OperationCore::new(Arc::clone(&shared), local, self.clone(), None);
         if driven {
             self.inner.engine.track_active(shared);
         }
-        Ok(core)
+        core
     }
 }
 
 /// Checks a local list on its own: non-empty, one device kind, writable if written.
-fn check_local(local: &[Descriptor], written: bool) -> Result<()> {
+pub(crate) fn check_local(local: &[Descriptor], written: bool) -> Result<()> {
     let first = local
         .first()
         .ok_or(Error::EmptyDescriptorList { side: Side::Local })?;

@@ -141,6 +141,29 @@ pub enum Error {
         index: usize,
     },
 
+    /// A file cannot be a [`FileSegment`](crate::FileSegment): it cannot be
+    /// opened or inspected, is not a regular file, or the range does not fit.
+    #[error("invalid file segment: {0}")]
+    InvalidFile(String),
+
+    /// A file opened read-only was offered where blocks must be written.
+    #[error("file segment {index} is of a file opened read-only but the operation writes into it")]
+    ReadOnlyFile {
+        /// Position of the segment.
+        index: usize,
+    },
+
+    /// A READ of a file segment that ends past the file's end.
+    #[error("file segment {index} ends at byte {end}, past the end of its file ({file_len} bytes)")]
+    PastEndOfFile {
+        /// Position of the segment.
+        index: usize,
+        /// One past the segment's last byte.
+        end: u64,
+        /// The file's size when the READ was begun.
+        file_len: u64,
+    },
+
     /// The backend cannot do what was asked (device memory on loopback, ...).
     #[error("{backend} backend does not support {what}")]
     Unsupported {

@@ -28,8 +28,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
 use crate::backend::{
-    EventHook, Exposure, ExposureId, Notification, Posted, RegionId, RegistrationBackend, Release,
-    Segment, TransferId, TransferRequest, TransferState,
+    EventHook, Exposure, ExposureId, FileSpan, Notification, PeerTarget, Posted, RegionId,
+    RegistrationBackend, Release, Segment, Target, TransferId, TransferRequest, TransferState,
 };
 use crate::error::{Cause, Error, Result, SharedCause};
 use crate::metadata::OperationKind;
@@ -164,12 +164,51 @@ enum Entry {
 /// A transfer request owned by a timer thread.
 struct HeldRequest {
     op: OperationKind,
-    peer: String,
     local: Vec<Segment>,
     local_regions: Vec<RegionId>,
-    remote: Vec<Segment>,
-    notification: Vec<u8>,
-    notify: bool,
+    target: HeldTarget,
+}
+
+/// A held request's far side.
+enum HeldTarget {
+    Peer {
+        peer: String,
+        remote: Vec<Segment>,
+        notification: Vec<u8>,
+        notify: bool,
+    },
+    File(Vec<FileSpan>),
+}
+
+impl HeldTarget {
+    fn of(target: &Target<'_>) -> HeldTarget {
+        match target {
+            Target::Peer(p) => HeldTarget::Peer {
+                peer: p.peer.to_owned(),
+                remote: p.remote.to_vec(),
+                notification: p.notification.to_vec(),
+                notify: p.notify,
+            },
+            Target::File(files) => HeldTarget::File(files.to_vec()),
+        }
+    }
+
+    fn target(&self) -> Target<'_> {
+        match self {
+            HeldTarget::Peer {
+                peer,
+                remote,
+                notification,
+                notify,
+            } => Target::Peer(PeerTarget {
+                peer,
+                remote,
+                notification,
+                notify: *notify,
+            }),
+            HeldTarget::File(files) => Target::File(files),
+        }
+    }
 }
 
 /// What [`Faults`] reaches, whatever the backend type.
@@ -379,12 +418,9 @@ impl<B: RegistrationBackend> Shared<B> {
         }
         let request = TransferRequest {
             op: held.op,
-            peer: &held.peer,
             local: &held.local,
             local_regions: &held.local_regions,
-            remote: &held.remote,
-            notification: &held.notification,
-            notify: held.notify,
+            target: held.target.target(),
         };
         // SAFETY: whoever posted to us keeps `post`'s contract: the local
         // segments stay valid and untouched until our `release` returns
@@ -421,6 +457,15 @@ impl<B: RegistrationBackend> RegistrationBackend for Faulty<B> {
 
     fn deregister(&self, region: RegionId) -> Result<()> {
         self.shared.inner.deregister(region)
+    }
+
+    unsafe fn register_file(
+        &self,
+        fd: std::os::fd::BorrowedFd<'_>,
+        writable: bool,
+    ) -> Result<RegionId> {
+        // SAFETY: our caller's contract is the inner backend's.
+        unsafe { self.shared.inner.register_file(fd, writable) }
     }
 
     unsafe fn expose(
@@ -478,10 +523,17 @@ impl<B: RegistrationBackend> RegistrationBackend for Faulty<B> {
             }
             std::mem::take(&mut state.armed)
         };
-        let dropped = armed.drop_notification.then_some(TransferRequest {
-            notify: false,
-            ..*request
-        });
+        // Only a peer is notified: a file transfer has nothing to drop.
+        let dropped = match (armed.drop_notification, request.target) {
+            (true, Target::Peer(peer)) => Some(TransferRequest {
+                target: Target::Peer(PeerTarget {
+                    notify: false,
+                    ..peer
+                }),
+                ..*request
+            }),
+            _ => None,
+        };
         let request = dropped.as_ref().unwrap_or(request);
         if let Some(reason) = armed.fail {
             tracing::debug!(agent = self.agent_name(), "injected transfer failure");
@@ -507,12 +559,9 @@ impl<B: RegistrationBackend> RegistrationBackend for Faulty<B> {
         };
         let held = HeldRequest {
             op: request.op,
-            peer: request.peer.to_owned(),
             local: request.local.to_vec(),
             local_regions: request.local_regions.to_vec(),
-            remote: request.remote.to_vec(),
-            notification: request.notification.to_vec(),
-            notify: request.notify,
+            target: HeldTarget::of(&request.target),
         };
         let waiting = Entry::Waiting {
             abortable: !armed.unabortable,

@@ -97,6 +97,7 @@ mod descriptor;
 mod device;
 mod engine;
 mod error;
+mod file;
 mod metadata;
 mod operation;
 mod pool;
@@ -119,14 +120,15 @@ pub mod faults;
 
 pub use auth::{ENV_PEER_KEYS, MIN_KEY_BYTES, PeerKeys, SEALED_MAGIC, is_sealed};
 pub use backend::{
-    EventHook, Exposed, Exposure, ExposureId, Notification, Posted, RegionId, RegistrationBackend,
-    Release, Segment, TransferId, TransferRequest, TransferState,
+    EventHook, Exposed, Exposure, ExposureId, FileSpan, Notification, PeerTarget, Posted, RegionId,
+    RegistrationBackend, Release, Segment, Target, TransferId, TransferRequest, TransferState,
 };
 pub use buffer::{MemoryBuffer, RawMemory};
 pub use connector::{Connector, ConnectorBuilder};
 pub use descriptor::Descriptor;
 pub use device::{Device, DeviceKind};
 pub use error::{Cause, Error, Result, SharedCause, Side};
+pub use file::FileSegment;
 pub use metadata::{
     MAX_AGENT_METADATA_BYTES, MAX_DESCRIPTORS, MAX_JSON_BYTES, MAX_NOTIFICATION_KEY_LEN,
     OperationKind, RdmaMetadata, SerializedDescriptor, check_descriptor_count, check_json_len,

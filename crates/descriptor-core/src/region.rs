@@ -56,8 +56,9 @@ unsafe impl<B: ?Sized + MemoryBuffer> Send for Region<B> {}
 // SAFETY: see `Send`.
 unsafe impl<B: ?Sized + MemoryBuffer> Sync for Region<B> {}
 
-/// One registration with one connector's backend.
-struct Registration {
+/// One registration with one connector's backend: of a region, or of a
+/// file ([`crate::FileSegment`]).
+pub(crate) struct Registration {
     connector_id: u64,
     connector_name: Arc<str>,
     backend: Arc<dyn RegistrationBackend>,
@@ -68,10 +69,26 @@ struct Registration {
 }
 
 impl Registration {
+    /// A registration `id` just made with `connector`'s backend, of memory
+    /// that needs no private copy (or of a file).
+    pub(crate) fn new(connector: &Connector, id: RegionId) -> Registration {
+        Registration {
+            connector_id: connector.id(),
+            connector_name: connector.shared_name(),
+            backend: connector.backend_arc(),
+            id,
+            shadow: None,
+        }
+    }
+
+    pub(crate) fn connector_name(&self) -> &str {
+        &self.connector_name
+    }
+
     /// Deregisters the region; false if the backend refused or panicked, in
     /// which case it may still hand the memory to peers (a shadow is then
     /// leaked with it).
-    fn deregister(&mut self) -> bool {
+    pub(crate) fn deregister(&mut self) -> bool {
         let ended = match catch_unwind(AssertUnwindSafe(|| self.backend.deregister(self.id))) {
             Ok(Ok(())) => true,
             Ok(Err(error)) => {
@@ -89,7 +106,7 @@ impl Registration {
         ended
     }
 
-    fn check(&self, connector: &Connector) -> Result<RegionId> {
+    pub(crate) fn check(&self, connector: &Connector) -> Result<RegionId> {
         if self.connector_id == connector.id() {
             Ok(self.id)
         } else {

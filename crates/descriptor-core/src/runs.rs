@@ -13,55 +13,91 @@
 //! pair's end, never about a pair alone: where a peer's registrations
 //! overlap, each pair may lie in one while the run lies in none.
 
-use crate::backend::{RegionId, Segment, TransferRequest};
+use crate::backend::{FileSpan, RegionId, Segment, Target, TransferRequest};
 
 /// Consecutive pairs of a transfer, contiguous on both sides: moved as one.
+/// `R` is the far side: a peer's [`Segment`], or a [`FileSpan`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Run {
+pub struct Run<R = Segment> {
     /// The local bytes of the run's pairs, in one local region.
     pub local: Segment,
-    /// The remote bytes of the run's pairs, as one range.
-    pub remote: Segment,
+    /// The far bytes of the run's pairs, as one range.
+    pub remote: R,
     /// Index of the run's first pair in the request.
     pub first: usize,
     /// How many pairs the run covers.
     pub count: usize,
 }
 
-/// The runs of a transfer's pairs, in order: see [`TransferRequest::runs`].
+/// A far side of a pair that runs are made of: a range that may continue
+/// another.
+pub trait RunSide: Copy {
+    /// Its length in bytes.
+    fn len(&self) -> usize;
+    /// Whether it starts where `run` ends, in the same place (device, file).
+    fn follows(&self, run: &Self) -> bool;
+    /// `run` grown by `next`, which follows it.
+    fn grow(&mut self, next: &Self);
+}
+
+impl RunSide for Segment {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn follows(&self, run: &Segment) -> bool {
+        run.end() == Some(self.addr) && self.device == run.device
+    }
+    fn grow(&mut self, next: &Segment) {
+        self.len += next.len;
+    }
+}
+
+impl RunSide for FileSpan {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn follows(&self, run: &FileSpan) -> bool {
+        run.end() == Some(self.offset) && self.region == run.region && self.fd == run.fd
+    }
+    fn grow(&mut self, next: &FileSpan) {
+        self.len += next.len;
+    }
+}
+
+/// The runs of a transfer's pairs, in order: see [`TransferRequest::runs`]
+/// and [`TransferRequest::file_runs`].
 #[derive(Debug)]
-pub struct Runs<'a, F> {
+pub struct Runs<'a, F, R = Segment> {
     local: &'a [Segment],
     local_regions: &'a [RegionId],
-    remote: &'a [Segment],
+    remote: &'a [R],
     same_remote_region: F,
     next: usize,
 }
 
-impl<F: FnMut(&Segment, &Segment) -> bool> Runs<'_, F> {
+impl<R: RunSide, F: FnMut(&R, &R) -> bool> Runs<'_, F, R> {
     /// Whether pair `i` continues the run `run`, whose last pair is `i - 1`.
     /// Contiguity is tested first: it is why most pairs that do not merge
     /// do not (scattered blocks), and the cheapest test. The remote test
     /// gets the run so far: the merged run must lie in one registration.
-    fn continues(&mut self, run: &Run, i: usize) -> bool {
+    fn continues(&mut self, run: &Run<R>, i: usize) -> bool {
         let (local, remote) = (&self.local[i], &self.remote[i]);
         run.local.end() == Some(local.addr)
-            && run.remote.end() == Some(remote.addr)
-            && local.len == remote.len
+            && remote.follows(&run.remote)
+            && local.len == remote.len()
             && matches!(
                 (self.local_regions.get(i - 1), self.local_regions.get(i)),
                 (Some(a), Some(b)) if a == b
             )
             && local.device == run.local.device
-            && remote.device == run.remote.device
             && (self.same_remote_region)(&run.remote, remote)
     }
 }
 
-impl<F: FnMut(&Segment, &Segment) -> bool> Iterator for Runs<'_, F> {
-    type Item = Run;
+impl<R: RunSide, F: FnMut(&R, &R) -> bool> Iterator for Runs<'_, F, R> {
+    type Item = Run<R>;
 
-    fn next(&mut self) -> Option<Run> {
+    fn next(&mut self) -> Option<Run<R>> {
         let first = self.next;
         let (local, remote) = (*self.local.get(first)?, *self.remote.get(first)?);
         let mut run = Run {
@@ -72,12 +108,12 @@ impl<F: FnMut(&Segment, &Segment) -> bool> Iterator for Runs<'_, F> {
         };
         // A pair whose sides differ in length stays alone: the backend
         // refuses it, index and all.
-        if local.len == remote.len {
+        if local.len == remote.len() {
             let end = self.local.len().min(self.remote.len());
             while first + run.count < end && self.continues(&run, first + run.count) {
                 let i = first + run.count;
                 run.local.len += self.local[i].len;
-                run.remote.len += self.remote[i].len;
+                run.remote.grow(&self.remote[i]);
                 run.count += 1;
             }
         }
@@ -86,8 +122,12 @@ impl<F: FnMut(&Segment, &Segment) -> bool> Iterator for Runs<'_, F> {
     }
 }
 
+/// A file's registration holds every offset: file runs need no backend's word.
+type AnyFileRegion = fn(&FileSpan, &FileSpan) -> bool;
+
 impl<'a> TransferRequest<'a> {
-    /// The request's pairs merged into runs: consecutive pairs whose local
+    /// The request's pairs with a peer merged into runs (none if the far
+    /// side is a file): consecutive pairs whose local
     /// segments lie in one region (`local_regions`) and end where the next
     /// begins, whose remote segments end where the next begins, with equal
     /// lengths on both sides and one device per side, and whose whole
@@ -98,11 +138,32 @@ impl<'a> TransferRequest<'a> {
     /// `next`'s end. Nothing is reordered; a run covers exactly the bytes of
     /// its pairs.
     pub fn runs<F: FnMut(&Segment, &Segment) -> bool>(&self, same_remote_region: F) -> Runs<'a, F> {
+        let remote = match self.target {
+            Target::Peer(peer) => peer.remote,
+            Target::File(_) => &[],
+        };
         Runs {
             local: self.local,
             local_regions: self.local_regions,
-            remote: self.remote,
+            remote,
             same_remote_region,
+            next: 0,
+        }
+    }
+
+    /// The request's pairs with files merged into runs (none if the far
+    /// side is a peer), as [`runs`](Self::runs) merges a peer's: the spans
+    /// of a run follow each other in one file.
+    pub fn file_runs(&self) -> Runs<'a, AnyFileRegion, FileSpan> {
+        let files = match self.target {
+            Target::File(files) => files,
+            Target::Peer(_) => &[],
+        };
+        Runs {
+            local: self.local,
+            local_regions: self.local_regions,
+            remote: files,
+            same_remote_region: |_, _| true,
             next: 0,
         }
     }
@@ -113,7 +174,57 @@ mod tests {
     use rstest::rstest;
 
     use super::*;
-    use crate::{Device, OperationKind};
+    use crate::{Device, OperationKind, PeerTarget};
+
+    /// Blocks of one file merge where they follow each other in the file
+    /// and in one local region; another file, a gap, or another region
+    /// ends a run.
+    #[test]
+    fn file_spans_merge_where_they_follow_each_other_in_one_file() {
+        const B: usize = 4096;
+        let span = |region: u64, fd: i32, block: u64| FileSpan {
+            region: RegionId(region),
+            fd,
+            offset: block * B as u64,
+            len: B,
+        };
+        let files = [
+            span(7, 3, 0),
+            span(7, 3, 1),
+            span(8, 4, 2),
+            span(8, 4, 3),
+            span(8, 4, 5),
+        ];
+        let local: Vec<Segment> = (0..5).map(|i| seg(0x10_000 + i * B, B)).collect();
+        let regions = [
+            RegionId(1),
+            RegionId(1),
+            RegionId(1),
+            RegionId(2),
+            RegionId(2),
+        ];
+        let request = TransferRequest {
+            op: OperationKind::Write,
+            local: &local,
+            local_regions: &regions,
+            target: Target::File(&files),
+        };
+        let found: Vec<(usize, usize, u64, usize)> = request
+            .file_runs()
+            .map(|r| (r.first, r.count, r.remote.offset, r.remote.len))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                (0, 2, 0, 2 * B),
+                (2, 1, 2 * B as u64, B),
+                (3, 1, 3 * B as u64, B),
+                (4, 1, 5 * B as u64, B)
+            ]
+        );
+        // Peer runs of a file request, and file runs of a peer request: none.
+        assert_eq!(request.runs(|_, _| true).count(), 0);
+    }
 
     fn seg(addr: usize, len: usize) -> Segment {
         Segment {
@@ -146,12 +257,14 @@ mod tests {
         };
         let request = TransferRequest {
             op: OperationKind::Read,
-            peer: "p",
             local: &local,
             local_regions: &ids,
-            remote: &remote,
-            notification: b"k",
-            notify: true,
+            target: Target::Peer(PeerTarget {
+                peer: "p",
+                remote: &remote,
+                notification: b"k",
+                notify: true,
+            }),
         };
         let found: Vec<Run> = request.runs(same).collect();
         // A run's segments are exactly its pairs', end to end.
@@ -246,12 +359,14 @@ mod tests {
         let ids = [RegionId(1); 4];
         let request = TransferRequest {
             op: OperationKind::Write,
-            peer: "p",
             local: &local,
             local_regions: &ids,
-            remote: &remote,
-            notification: b"k",
-            notify: true,
+            target: Target::Peer(PeerTarget {
+                peer: "p",
+                remote: &remote,
+                notification: b"k",
+                notify: true,
+            }),
         };
         let found: Vec<(usize, usize)> = request.runs(any).map(|r| (r.first, r.count)).collect();
         assert_eq!(found, [(0, 1), (1, 1), (2, 1), (3, 1)]);
@@ -292,12 +407,14 @@ mod tests {
             let ids = vec![RegionId(1); remote.len()];
             let request = TransferRequest {
                 op: OperationKind::Read,
-                peer: "p",
                 local: &local,
                 local_regions: &ids,
-                remote: &remote,
-                notification: b"k",
-                notify: true,
+                target: Target::Peer(PeerTarget {
+                    peer: "p",
+                    remote: &remote,
+                    notification: b"k",
+                    notify: true,
+                }),
             };
             let found: Vec<Run> = request
                 .runs(|run: &Segment, next: &Segment| {
@@ -341,12 +458,14 @@ mod tests {
         let ids = [RegionId(1); 2];
         let request = TransferRequest {
             op: OperationKind::Read,
-            peer: "p",
             local: &local,
             local_regions: &ids,
-            remote: &remote,
-            notification: b"k",
-            notify: true,
+            target: Target::Peer(PeerTarget {
+                peer: "p",
+                remote: &remote,
+                notification: b"k",
+                notify: true,
+            }),
         };
         assert_eq!(request.runs(any).count(), 2);
     }

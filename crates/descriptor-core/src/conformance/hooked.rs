@@ -110,6 +110,15 @@ impl<B: RegistrationBackend> RegistrationBackend for Hooked<B> {
         self.call(Call::Deregister);
         self.inner.deregister(region)
     }
+    unsafe fn register_file(
+        &self,
+        fd: std::os::fd::BorrowedFd<'_>,
+        writable: bool,
+    ) -> Result<RegionId> {
+        self.call(Call::Register);
+        // SAFETY: our caller's contract is the inner backend's.
+        unsafe { self.inner.register_file(fd, writable) }
+    }
     unsafe fn expose(
         &self,
         ranges: &[crate::Exposed],

@@ -212,7 +212,7 @@ fn loom_a_returning_waiter_finds_the_peer_released() {
             8,
             OperationStatus::InProgress,
             Pending::Transfer(TransferId(1)),
-            Some(lease),
+            Some(lease.into()),
             None,
         );
         let waiter = {

@@ -36,6 +36,7 @@ use std::time::{Duration, Instant};
 use super::held::Held;
 use crate::backend::{ExposureId, Posted, RegistrationBackend, Release, TransferId, TransferState};
 use crate::error::{Cause, Error, Result, SharedCause};
+use crate::file::FileSegment;
 use crate::metadata::OperationKind;
 use crate::quarantine::Quarantine;
 use crate::remote::RemoteLease;
@@ -148,6 +149,23 @@ enum LetGo {
     Revoke(ExposureId),
 }
 
+/// What a transfer's far side needs kept while the backend may touch it,
+/// let go of with the memory: the peer entry (so the peer stays loaded), or
+/// the file segments (so their descriptors stay open and registered). A
+/// file whose transfer the backend never let go of is never closed, so its
+/// descriptor's number is never reused under the backend.
+pub(crate) enum FarSide {
+    // Held for its `Drop` (which lets the peer entry go), never read.
+    Peer(#[expect(dead_code, reason = "held for its Drop")] RemoteLease),
+    Files(Vec<FileSegment>),
+}
+
+impl From<RemoteLease> for FarSide {
+    fn from(lease: RemoteLease) -> FarSide {
+        FarSide::Peer(lease)
+    }
+}
+
 struct OpState {
     /// The decided status (mirrored in `OpShared::status` for lock-free reads).
     status: OperationStatus,
@@ -156,7 +174,7 @@ struct OpState {
     /// may return.
     settled: bool,
     pending: Pending,
-    lease: Option<RemoteLease>,
+    lease: Option<FarSide>,
     /// Descriptors of a dropped operation that the backend has not let go of
     /// yet: freed when it does, leaked if it never does.
     orphans: Option<Held>,
@@ -168,8 +186,20 @@ struct OpState {
     sleepers: usize,
 }
 
+impl Drop for OpState {
+    fn drop(&mut self) {
+        // Dropped with the backend still holding the transfer (a panic
+        // unwound past it): its files stay open, as its memory stays leaked.
+        if !matches!(self.pending, Pending::Nothing)
+            && let Some(FarSide::Files(files)) = self.lease.take()
+        {
+            std::mem::forget(files);
+        }
+    }
+}
+
 impl OpState {
-    fn new(status: OperationStatus, pending: Pending, lease: Option<RemoteLease>) -> OpState {
+    fn new(status: OperationStatus, pending: Pending, lease: Option<FarSide>) -> OpState {
         OpState {
             status,
             error: None,
@@ -212,10 +242,19 @@ impl OpState {
             // The peer entry stays loaded while a draining transfer may use it.
             _ => return Freed::default(),
         };
+        let lease = self.lease.take();
+        // A file the backend may still touch stays open (see `FarSide`).
+        let lease = match (&fate, lease) {
+            (Fate::Leak, Some(FarSide::Files(files))) => {
+                std::mem::forget(files);
+                None
+            }
+            (_, lease) => lease,
+        };
         Freed {
             orphans: self.orphans.take(),
             fate,
-            _lease: self.lease.take(),
+            _lease: lease,
         }
     }
 }
@@ -252,8 +291,8 @@ struct Freed {
     /// Whether `orphans` are freed, leaked or quarantined.
     fate: Fate,
     /// Dropped after the lock, like the descriptors: the last lease on a peer
-    /// may unload it.
-    _lease: Option<RemoteLease>,
+    /// may unload it, the last segment of a file deregisters it.
+    _lease: Option<FarSide>,
 }
 
 impl Drop for Freed {
@@ -302,7 +341,7 @@ impl OpShared {
         bytes: usize,
         status: OperationStatus,
         pending: Pending,
-        lease: Option<RemoteLease>,
+        lease: Option<FarSide>,
         quarantine: Option<Arc<Quarantine>>,
     ) -> Arc<OpShared> {
         let state = OpState::new(status, pending, lease);
@@ -342,7 +381,7 @@ impl OpShared {
         role: Role,
         bytes: usize,
         Posted { id, state }: Posted,
-        lease: RemoteLease,
+        lease: FarSide,
     ) -> (Arc<OpShared>, bool) {
         let reason = match state {
             TransferState::InProgress => {

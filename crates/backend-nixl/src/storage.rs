@@ -1,0 +1,226 @@
+//! The storage tier on NIXL: which plugin moves blocks between memory and
+//! files ([`Storage`], the one place that policy lives), the files
+//! registered with it, and posting storage transfers.
+//!
+//! NIXL's POSIX plugin moves between local DRAM and `FILE_SEG` only, with
+//! the posting agent itself as the "remote" (a loopback transfer); a
+//! `FILE_SEG` descriptor is the file's descriptor as device id and offsets
+//! as addresses. The plugin is created on the agent that posts this
+//! connector's transfers when the agent is made, so that every region
+//! registered afterwards is registered with it too (NIXL picks, per
+//! transfer, a plugin holding both sides). Why AIO by default:
+//! docs/decisions/0015-storage-tier.md.
+
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::sync::Mutex;
+
+use descriptor_core::{Error, FileSpan, OperationKind, Result, TransferRequest};
+use nixl_sys::{Agent, MemType, RegistrationHandle, XferDescList};
+
+use crate::error::{NAME, nixl_error};
+use crate::memory::{Range, mem_of};
+use crate::sync::lock;
+
+/// Which NIXL plugin, if any, moves blocks to and from files
+/// ([`NixlBackendBuilder::storage`](crate::NixlBackendBuilder::storage)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Storage {
+    /// NIXL's POSIX plugin over Linux AIO (the default: as fast as io_uring
+    /// from the page cache at 64 KiB blocks or more, faster below, and not
+    /// blocked by container seccomp profiles; decision 0015).
+    #[default]
+    PosixAio,
+    /// NIXL's POSIX plugin over io_uring (`use_uring=true`); where io_uring
+    /// cannot be set up (Docker's default seccomp profile blocks it), AIO,
+    /// with a warning in the log.
+    PosixUring,
+    /// No storage plugin: storage transfers are
+    /// [`Error::Unsupported`].
+    Off,
+}
+
+/// The storage plugin an agent runs, or why none.
+#[derive(Debug)]
+pub(crate) enum StorageState {
+    /// Runs with these settings (`PosixAio` after a fallback).
+    On(Storage),
+    /// Off, or its creation failed: the reason, for the error.
+    Unavailable(String),
+}
+
+impl StorageState {
+    /// Creates the plugin `wanted` on `agent` (the one that posts).
+    pub(crate) fn create(agent: &Agent, wanted: Storage) -> StorageState {
+        let uring = match wanted {
+            Storage::Off => {
+                return StorageState::Unavailable("the builder turned storage off".into());
+            }
+            Storage::PosixAio => false,
+            Storage::PosixUring => true,
+        };
+        match posix(agent, uring) {
+            Ok(()) => StorageState::On(wanted),
+            Err(error) if uring => {
+                tracing::warn!(%error, "io_uring cannot be set up for NIXL's POSIX plugin: using AIO");
+                match posix(agent, false) {
+                    Ok(()) => StorageState::On(Storage::PosixAio),
+                    Err(error) => StorageState::Unavailable(error.to_string()),
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "NIXL's POSIX plugin cannot be created: no storage transfers");
+                StorageState::Unavailable(error.to_string())
+            }
+        }
+    }
+
+    fn check(&self) -> Result<()> {
+        match self {
+            StorageState::On(_) => Ok(()),
+            StorageState::Unavailable(reason) => Err(Error::Unsupported {
+                backend: NAME,
+                what: format!("storage transfers here ({reason})"),
+            }),
+        }
+    }
+}
+
+fn posix(agent: &Agent, uring: bool) -> Result<()> {
+    let (_mems, mut params) = agent
+        .get_plugin_params("POSIX")
+        .map_err(|e| nixl_error("load the POSIX plugin", e))?;
+    params
+        .set("use_uring", if uring { "true" } else { "false" })
+        .map_err(|e| nixl_error("set the POSIX plugin's use_uring", e))?;
+    agent
+        .create_backend("POSIX", &params)
+        .map(drop)
+        .map_err(|e| nixl_error("create the POSIX backend", e))
+}
+
+/// Files registered with the posting agent, by region id.
+#[derive(Default)]
+pub(crate) struct Files(Mutex<HashMap<u64, File>>);
+
+struct File {
+    fd: RawFd,
+    writable: bool,
+    // Dropping the handle deregisters the file.
+    _handle: RegistrationHandle,
+}
+
+/// A file registration covers every offset a segment may have
+/// (`FileSegment` bounds segments by `off_t`).
+const WHOLE_FILE: usize = i64::MAX as usize;
+
+impl Files {
+    /// Registers `fd` with `agent` as region `id`.
+    pub(crate) fn register(
+        &self,
+        state: &StorageState,
+        agent: &Agent,
+        id: u64,
+        fd: BorrowedFd<'_>,
+        writable: bool,
+    ) -> Result<()> {
+        state.check()?;
+        let fd = fd.as_raw_fd();
+        let range = Range {
+            addr: 0,
+            len: WHOLE_FILE,
+            mem: MemType::File,
+            device: u64::try_from(fd)
+                .map_err(|_| Error::InvalidFile(format!("descriptor {fd}")))?,
+        };
+        let handle = agent
+            .register_memory(&range, None)
+            .map_err(|e| nixl_error(format!("register file descriptor {fd}"), e))?;
+        lock(&self.0).insert(
+            id,
+            File {
+                fd,
+                writable,
+                _handle: handle,
+            },
+        );
+        Ok(())
+    }
+
+    /// Whether `id` was a file's registration (now ended).
+    pub(crate) fn remove(&self, id: u64) -> bool {
+        lock(&self.0).remove(&id).is_some()
+    }
+
+    pub(crate) fn clear(&self) {
+        lock(&self.0).clear();
+    }
+
+    /// The local and file transfer lists of a storage request, one
+    /// descriptor per run ([`TransferRequest::file_runs`]), after checking
+    /// every span against the registered files. (A READ past a file's end,
+    /// or of a file truncated while it runs, NIXL's POSIX plugin fails
+    /// itself: "an io completed short".)
+    pub(crate) fn lists(
+        &self,
+        state: &StorageState,
+        request: &TransferRequest<'_>,
+        spans: &[FileSpan],
+    ) -> Result<(XferDescList<'static>, XferDescList<'static>)> {
+        state.check()?;
+        let context = || format!("{:?} of {} file segments", request.op, spans.len());
+        if spans.len() != request.local.len() || spans.is_empty() {
+            return Err(Error::backend(
+                NAME,
+                context(),
+                format!(
+                    "{} local segments for {} file segments",
+                    request.local.len(),
+                    spans.len()
+                ),
+            ));
+        }
+        {
+            let files = lock(&self.0);
+            for (index, (span, local)) in spans.iter().zip(request.local).enumerate() {
+                let file = files
+                    .get(&span.region.0)
+                    .filter(|f| f.fd == span.fd)
+                    .ok_or_else(|| {
+                        Error::backend(
+                            NAME,
+                            context(),
+                            format!(
+                                "file segment {index}: descriptor {} is not registered as file {}",
+                                span.fd, span.region.0
+                            ),
+                        )
+                    })?;
+                if request.op == OperationKind::Write && !file.writable {
+                    return Err(Error::ReadOnlyFile { index });
+                }
+                if local.len != span.len {
+                    return Err(Error::SizeMismatch {
+                        index,
+                        local: local.len,
+                        remote: span.len,
+                    });
+                }
+            }
+        }
+        let (mem, _) = mem_of(request.local[0].device)?;
+        let mut local =
+            XferDescList::new(mem).map_err(|e| nixl_error("create a transfer list", e))?;
+        let mut files = XferDescList::new(MemType::File)
+            .map_err(|e| nixl_error("create a transfer list", e))?;
+        for run in request.file_runs() {
+            local.add_desc(run.local.addr, run.local.len, mem_of(run.local.device)?.1);
+            let offset = usize::try_from(run.remote.offset)
+                .map_err(|_| Error::InvalidFile(format!("offset {}", run.remote.offset)))?;
+            // The descriptor was checked non-negative at registration.
+            files.add_desc(offset, run.remote.len, run.remote.fd as u64);
+        }
+        Ok((local, files))
+    }
+}
