@@ -39,6 +39,9 @@ pub(crate) fn demo(sh: &Shell, root: &Path, args: &flags::Demo) -> Result<(), u8
             options.extend([flag.to_owned(), value.to_string()]);
         }
     }
+    if args.offload {
+        options.push("--offload".to_owned());
+    }
     let mut cmd = cmd!(
         sh,
         "{cargo} run --quiet --release -p kv-cache-demo --features {feature} -- --backend {backend} {options...}"

@@ -31,6 +31,8 @@ xflags::xflags! {
             optional --block-size bytes: usize
             /// Requests to serve, each both ways (default 400).
             optional --iterations n: usize
+            /// The storage tier: LRU blocks evicted to a file and read back.
+            optional --offload
         }
         /// memcpy / loopback / nixl / raw nixl-sys, in and across processes, then
         /// the criterion hot paths; writes target/bench/ and renders

@@ -359,7 +359,7 @@ pub trait RegistrationBackend: Send + Sync + 'static {
     ///
     /// `key` is the notification key of the operation the exposure is made for
     /// (unique among this agent's live exposures, never empty): the peer's
-    /// transfers carry it in [`TransferRequest::notification`]. A backend may
+    /// transfers carry it in [`PeerTarget::notification`]. A backend may
     /// bind the exposure to it, so that only a transfer carrying the key
     /// reaches these ranges (loopback does; NIXL cannot and ignores it).
     ///

@@ -311,7 +311,7 @@ impl Faults {
     }
 
     /// The next transfer moves its bytes but its notification is lost (posted
-    /// with [`notify`](crate::TransferRequest::notify) false): the peer's
+    /// with [`notify`](crate::PeerTarget::notify) false): the peer's
     /// operation stays unfinished.
     pub fn drop_next_notification(&self) {
         self.arm(|armed| armed.drop_notification = true);

@@ -29,7 +29,9 @@
 //! request's latency is its transfer path: expose, metadata to JSON and back,
 //! post, and both sides complete (filling and checksumming are outside it).
 //!
-//! `cargo xtask demo [--backend NAME] [--blocks N] [--block-size BYTES] [--iterations N]`,
+//! With `--offload`, the storage tier instead: see `offload.rs`.
+//!
+//! `cargo xtask demo [--backend NAME] [--blocks N] [--block-size BYTES] [--iterations N] [--offload]`,
 //! or `cargo run --release -p kv-cache-demo --features nixl -- --backend nixl`.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
@@ -39,6 +41,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use descriptor_core::{BlockPool, Connector, Descriptor, RdmaMetadata};
+
+mod offload;
 
 mod flags {
     use crate::Positive;
@@ -61,6 +65,11 @@ mod flags {
             optional --request-blocks n: Positive
             /// Seed of the request generator (default 1).
             optional --seed n: u64
+            /// The storage tier instead: decode's arena holds a quarter of
+            /// the blocks its requests use; least recently used blocks are
+            /// evicted to a file (in KV_OFFLOAD_DIR, default the temporary
+            /// directory) and read back on hits, CRC-checked.
+            optional --offload
         }
     }
 }
@@ -90,6 +99,7 @@ struct Args {
     /// Most blocks per request (1 ..= blocks / 2, or 1).
     request_blocks: usize,
     seed: u64,
+    offload: bool,
 }
 
 impl From<flags::KvCacheDemo> for Args {
@@ -107,6 +117,7 @@ impl From<flags::KvCacheDemo> for Args {
                 .min(blocks / 2)
                 .max(1),
             seed: flags.seed.unwrap_or(1),
+            offload: flags.offload,
         }
     }
 }
@@ -755,6 +766,19 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let result = connectors(&args.backend).and_then(|(prefill, decode)| {
+        if args.offload {
+            drop(prefill);
+            println!(
+                "kv-cache-demo --offload: backend {}; decode's arena {} blocks x {} KiB, registered once; {} requests of 1..={} blocks; seed {}",
+                args.backend,
+                args.blocks,
+                args.block_size / 1024,
+                args.requests,
+                args.request_blocks,
+                args.seed,
+            );
+            return offload::run(&args, &decode);
+        }
         println!(
             "kv-cache-demo: backend {}; one arena per side, {} blocks x {} KiB ({:.1} MiB), registered once; \
              {} requests of 1..={} blocks, both ways; seed {}",
@@ -780,6 +804,10 @@ fn main() -> ExitCode {
         Ok(())
     });
     match result {
+        Ok(()) if args.offload => {
+            println!("  OK: every block read back from the file verified");
+            ExitCode::SUCCESS
+        }
         Ok(()) => {
             println!("  OK: every block verified in both directions, one registration per side");
             ExitCode::SUCCESS
