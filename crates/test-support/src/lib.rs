@@ -88,6 +88,12 @@ impl Peer {
             .unwrap_or_else(|e| panic!("the peer printed nothing within {timeout:?}: {e}"))
     }
 
+    /// After the peer exited: the next line it printed that was not read
+    /// yet, `None` once all were read.
+    pub fn leftover_line(&self) -> Option<String> {
+        self.lines.recv().ok()
+    }
+
     /// Writes `line` to the peer's stdin.
     pub fn send(&mut self, line: &str) {
         let stdin = self.stdin.as_mut().unwrap();

@@ -13,6 +13,12 @@
 //!   CRC-32 of its blocks, and exits at once (without dropping its
 //!   connector). DETECT (`true`, the default, or `false`) is UCX's
 //!   peer-failure detection.
+//! - `offload PATH BLOCKS BLOCK_SIZE`: WRITEs generation 1, 2, ... of every
+//!   block (block `i` of generation `g` holds pattern `g * 1_000_003 + i`)
+//!   into its slot of the file at PATH through NIXL's POSIX plugin, one
+//!   WRITE of all blocks per generation, scattered in the file (slot order
+//!   reversed in memory), and prints `done G` once generation G's WRITE
+//!   completed; runs until killed.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::io::Write;
@@ -123,7 +129,46 @@ fn pool(name: &str, blocks: usize, size: usize, seed: u64) -> Result<(), String>
     Ok(())
 }
 
+/// The pattern of block `i` of generation `g` (see the module's docs).
+fn generation(g: u64, i: usize, size: usize) -> Vec<u8> {
+    pattern(g * 1_000_003 + i as u64, size)
+}
+
+/// `offload`: generations of blocks WRITten to a file until killed.
+fn offload(path: &str, blocks: usize, size: usize) -> Result<(), String> {
+    let err = |e: descriptor_core::Error| e.to_string();
+    let connector = Connector::new(
+        NixlBackend::new(&format!("peer-offload-{}", std::process::id())).map_err(err)?,
+    );
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| format!("{path}: {e}"))?;
+    let file = descriptor_core::FileSegment::from_file(file, 0, 0).map_err(err)?;
+    for g in 1.. {
+        // Slot `i` gets block `i`; memory lists them last slot first.
+        let mut local = Vec::with_capacity(blocks);
+        let mut slots = Vec::with_capacity(blocks);
+        for i in (0..blocks).rev() {
+            local.push(Descriptor::new(generation(g, i, size)).map_err(err)?);
+            slots.push(file.at((i * size) as u64, size).map_err(err)?);
+        }
+        let write = connector.begin_file_write(local, slots).map_err(err)?;
+        write.wait_timeout(Duration::from_secs(120)).map_err(err)?;
+        println!("done {g}");
+        std::io::stdout().flush().map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
 fn run(args: &[String]) -> Result<(), String> {
+    if let [mode, path, blocks, size] = args
+        && mode == "offload"
+    {
+        let number = |s: &String| s.parse::<usize>().map_err(|e| format!("{s:?}: {e}"));
+        return offload(path, number(blocks)?, number(size)?);
+    }
     if let [mode, name, blocks, size, seed] = args
         && mode == "pool"
     {
