@@ -313,7 +313,9 @@ pub fn a_file_truncated_under_a_read_fails_it(h: &dyn Harness) {
 /// when the process may (root); otherwise the check says so and returns.
 pub fn a_full_file_system_fails_the_write(h: &dyn Harness) {
     let Some(mount) = SmallTmpfs::mount() else {
-        tracing::warn!("a_full_file_system_fails_the_write: cannot mount a tmpfs here (not root?): skipped");
+        tracing::warn!(
+            "a_full_file_system_fails_the_write: cannot mount a tmpfs here (not root?): skipped"
+        );
         return;
     };
     let c = connector(h, "file-full");
