@@ -560,10 +560,16 @@ impl RegistrationBackend for LoopbackBackend {
         // the peer, whose event hook may call straight back into this backend.
         let state = match &request.target {
             Target::Peer(to) => self.plan(request, to)?.run(),
-            Target::File(spans) => self
-                .files
-                .plan(request, spans, &lock(&self.local), &self.agent.name)?
-                .run(),
+            Target::File(spans) => {
+                // Checked under the regions' lock, moved after it: no file
+                // I/O with a lock held.
+                let job = {
+                    let regions = lock(&self.local);
+                    self.files
+                        .plan(request, spans, &regions, &self.agent.name)?
+                };
+                job.run()
+            }
         };
         let id = next_id();
         if matches!(state, TransferState::Done) {
