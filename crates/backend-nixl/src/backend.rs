@@ -148,7 +148,11 @@ impl NixlBackend {
             .then(|| self.live.state(id, Asker::Internal))
             .flatten()
             .unwrap_or(TransferState::InProgress);
-        if matches!(state, TransferState::InProgress) {
+        // As for a peer (`Tuning::follow_at_post`): a small transfer is
+        // handed to the watcher only once somebody awaits its end.
+        if matches!(state, TransferState::InProgress)
+            && request.bytes() > self.live.tuning.follow_at_post
+        {
             self.live.kick(Kick::Transfer);
         }
         Ok(Posted {

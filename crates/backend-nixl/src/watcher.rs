@@ -11,9 +11,10 @@
 //! Contract: it spins (yielding) for [`Tuning::spin`] after each exposure,
 //! event or transfer handed to it, then backs off to sleeps that grow from
 //! [`Tuning::first_sleep`] to a cap; a new exposure or a handed transfer
-//! wakes it at once; with nothing to wait for it sleeps until there is. A
-//! transfer a waiting thread polls ([`Asker::Waiter`]) is left to that
-//! thread. Why each number: docs/decisions/0002-watcher-thread.md.
+//! wakes it at once; with nothing to wait for it sleeps until there is;
+//! while a storage transfer runs it does not sleep at all (NIXL's POSIX
+//! plugin submits queued I/O only when polled). A transfer a waiting
+//! thread polls ([`Asker::Waiter`]) is left to that thread. Why each number: docs/decisions/0002-watcher-thread.md.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError, TryLockError};
@@ -52,6 +53,17 @@ pub(crate) enum Kick {
     Revoked,
     /// A transfer was handed over (posted large, awaited, or cancelled).
     Transfer,
+}
+
+/// What a watcher's pass left running, the most demanding first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum InFlight {
+    Nothing,
+    /// Transfers to peers: the back-off's naps are capped at
+    /// [`Tuning::transfer_cap`].
+    Transfer,
+    /// A storage transfer: polled without naps.
+    Storage,
 }
 
 /// What the watcher has to look for, shared under [`Live::agenda`].
@@ -156,34 +168,40 @@ impl Live {
         Ok(true)
     }
 
-    /// Checks every unfinished transfer: (any ended, any still in flight).
+    /// Checks every unfinished transfer: whether any ended, and what is
+    /// still in flight.
     ///
     /// The watcher never queues for the map: a thread that holds it (a
     /// waiter polling its own transfer, a post) would then have to wake the
     /// watcher when it unlocks, a system call on that thread's path. It
     /// counts the map's transfers as in flight instead and looks again on
     /// its next pass.
-    fn check_transfers(&self) -> (bool, bool) {
+    fn check_transfers(&self) -> (bool, InFlight) {
         let mut transfers = match self.transfers.try_lock() {
             Ok(transfers) => transfers,
             Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(TryLockError::WouldBlock) => return (false, true),
+            Err(TryLockError::WouldBlock) => return (false, InFlight::Transfer),
         };
         let mut ended = false;
-        let mut in_flight = false;
+        let mut in_flight = InFlight::Nothing;
         let mut after = Vec::new();
         for (&id, t) in transfers.iter_mut() {
             if t.finished.is_some() {
                 continue;
             }
+            let running = if t.storage {
+                InFlight::Storage
+            } else {
+                InFlight::Transfer
+            };
             if t.assisted
                 .is_some_and(|at| at.elapsed() < self.tuning.assisted)
             {
-                in_flight = true;
+                in_flight = in_flight.max(running);
                 continue;
             }
             match t.look(self.agents.posting(t.route.poster())) {
-                Look::Running => in_flight = true,
+                Look::Running => in_flight = in_flight.max(running),
                 Look::Ended(_) => ended = true,
                 look @ (Look::Proved { .. } | Look::SendApart(_)) => after.push((id, look)),
             }
@@ -236,7 +254,9 @@ impl Live {
                 sleep = first_sleep;
                 continue;
             }
-            if Instant::now() < spin_until {
+            // NIXL's POSIX plugin submits a storage transfer's queued I/O
+            // only when asked about it: no nap while one runs.
+            if in_flight == InFlight::Storage || Instant::now() < spin_until {
                 std::thread::yield_now();
                 continue;
             }
@@ -245,13 +265,17 @@ impl Live {
                 continue;
             }
             agenda.asleep = true;
-            let mut agenda = if !in_flight && agenda.exposures == 0 {
+            let mut agenda = if in_flight == InFlight::Nothing && agenda.exposures == 0 {
                 // Nothing to wait for: sleep until something is handed over.
                 self.wake
                     .wait(agenda)
                     .unwrap_or_else(PoisonError::into_inner)
             } else {
-                let cap = if in_flight { transfer_cap } else { notify_cap };
+                let cap = if in_flight == InFlight::Nothing {
+                    notify_cap
+                } else {
+                    transfer_cap
+                };
                 let nap = sleep.min(cap);
                 sleep = (sleep * 2).min(cap);
                 self.wake
