@@ -418,9 +418,11 @@ impl Connector {
     /// READs parts of files back into `local`, pair by pair (a storage
     /// tier's hit); the rules are [`begin_file_write`](Self::begin_file_write)'s,
     /// with local descriptors writable ([`Error::ReadOnlyBuffer`]) and each
-    /// segment inside its file when the READ begins
-    /// ([`Error::PastEndOfFile`]). A file truncated while the READ runs
-    /// fails it (never leaves bytes unread silently).
+    /// segment inside its file as last seen ([`Error::PastEndOfFile`]: the
+    /// size is asked again, one `fstat`, only for a segment that ends past
+    /// the size seen last). A file truncated while the READ runs, or since
+    /// its size was seen, fails the READ (never leaves bytes unread
+    /// silently).
     pub fn begin_file_read(
         &self,
         files: impl Into<Vec<FileSegment>>,

@@ -12,6 +12,7 @@
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::backend::{FileSpan, RegionId};
@@ -56,6 +57,10 @@ struct OpenFile {
     fd: Option<OwnedFd>,
     writable: bool,
     registration: OnceLock<Registration>,
+    /// The file's size when last asked ([`FileSegment::file_len`]): a READ
+    /// that ends within it is begun without asking again (a file shrunk
+    /// since fails that READ in the backend instead).
+    seen_len: AtomicU64,
 }
 
 impl FileSegment {
@@ -100,6 +105,7 @@ impl FileSegment {
                 fd: Some(fd),
                 writable,
                 registration: OnceLock::new(),
+                seen_len: AtomicU64::new(0),
             }),
             offset,
             len,
@@ -145,8 +151,18 @@ impl FileSegment {
     /// The file's size now (`fstat`).
     pub fn file_len(&self) -> Result<u64> {
         let fd = self.file.fd()?;
-        let file = File::from(fd.try_clone_to_owned().map_err(io_error("duplicate"))?);
-        Ok(file.metadata().map_err(io_error("stat"))?.len())
+        let mut stat = std::mem::MaybeUninit::<libc::stat>::uninit();
+        // SAFETY: `fstat` writes one `stat` into the buffer it is given, for
+        // a descriptor that stays open for the call (borrowed from `self`).
+        if unsafe { libc::fstat(fd.as_raw_fd(), stat.as_mut_ptr()) } != 0 {
+            return Err(io_error("stat")(std::io::Error::last_os_error()));
+        }
+        // SAFETY: `fstat` succeeded, so it filled the buffer.
+        let size = unsafe { stat.assume_init() }.st_size;
+        let len = u64::try_from(size)
+            .map_err(|_| Error::InvalidFile(format!("a file size of {size} bytes")))?;
+        self.file.seen_len.store(len, Ordering::Relaxed);
+        Ok(len)
     }
 
     /// One past the segment's last byte in the file.
@@ -269,8 +285,9 @@ pub(crate) fn check_file_pairing(
             remote: files.len(),
         });
     }
-    // The size of the file last asked about: one `fstat` per run of
-    // segments of one file.
+    // The size of the file last asked about: at most one `fstat` per run
+    // of segments of one file, and none for segments within the size seen
+    // last.
     let mut known: Option<(&FileSegment, u64)> = None;
     for (index, (l, f)) in local.iter().zip(files).enumerate() {
         if l.size() != f.len {
@@ -285,6 +302,7 @@ pub(crate) fn check_file_pairing(
                 return Err(Error::ReadOnlyFile { index });
             }
             OperationKind::Write => {}
+            OperationKind::Read if f.end() <= f.file.seen_len.load(Ordering::Relaxed) => {}
             OperationKind::Read => {
                 let file_len = match known {
                     Some((last, len)) if last.same_file(f) => len,
