@@ -52,6 +52,8 @@ struct Row {
     json_bytes: u64,
     /// Backend registrations per timed transfer, where the mover counts them.
     registrations_per_op: Option<f64>,
+    /// Storage rows: the cache setting ("page cache", "O_DIRECT").
+    storage: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -246,6 +248,17 @@ The movers:
 - The `py-` movers are the Python package `nixl_connect` against Dynamo's
   own `nixl_connect` and the Rust API, one worker process each, measured in
   turns (crates/nixl-connect-py/bench/bench.py).
+- The storage movers move blocks between memory (one page-aligned arena)
+  and a file of their own (examples/bench/src/storage.rs): `file-plain`
+  is `pread`/`pwrite` on the thread, one call per run of neighbouring
+  blocks; `nixl-sys-posix-raw` is nixl-sys's POSIX plugin (AIO) without
+  this library, memory and file registered once, one request per transfer
+  with a descriptor per block, polled with a yield; `loopback-file` and
+  `nixl-file` are `Connector::begin_file_write`/`begin_file_read` and
+  `wait` over a `BlockPool`. `-scattered`: every other block of the file,
+  so none merge. The page cache rows read from and write into cached pages
+  (the file written once first, never synced while timed); the `-direct`
+  rows open the file with `O_DIRECT`, so every transfer reaches the disk.
 ";
 
 /// How far one run can be trusted: the noise this page's numbers carry.
@@ -261,18 +274,24 @@ A target missed by a few percent in one run is noise until several runs
 agree.
 ";
 
-/// Whether a mover's rows belong in a table.
-type Holds = fn(&str) -> bool;
+/// Whether a row belongs in a table.
+type Holds = fn(&Row) -> bool;
 
-/// Which table a mover's rows go in, in page order.
+/// Which table a row goes in, in page order.
 const SECTIONS: &[(&str, Holds)] = &[
-    ("In process", |b| {
-        !b.starts_with("py-") && !b.contains("xproc")
+    ("In process", |r| {
+        !r.backend.starts_with("py-") && !r.backend.contains("xproc") && r.storage.is_none()
     }),
-    ("Across processes", |b| {
-        !b.starts_with("py-") && b.contains("xproc")
+    ("Across processes", |r| {
+        !r.backend.starts_with("py-") && r.backend.contains("xproc")
     }),
-    ("Python", |b| b.starts_with("py-")),
+    ("Python", |r| r.backend.starts_with("py-")),
+    ("Storage, page cache", |r| {
+        r.storage.as_deref() == Some("page cache")
+    }),
+    ("Storage, O_DIRECT", |r| {
+        r.storage.as_deref() == Some("O_DIRECT")
+    }),
 ];
 
 /// The page, from a report; `plotted`: docs/bandwidth.svg exists.
@@ -433,7 +452,7 @@ fn results(w: &mut String, report: &Report, plotted: bool) {
             let rows: Vec<&Row> = report
                 .results
                 .iter()
-                .filter(|r| r.op == op && holds(&r.backend))
+                .filter(|r| r.op == op && holds(r))
                 .collect();
             if rows.is_empty() {
                 continue;

@@ -9,6 +9,7 @@ mod extras;
 mod movers;
 mod pyworker;
 mod report;
+mod storage;
 mod xproc;
 
 use std::process::ExitCode;
@@ -72,6 +73,11 @@ mod flags {
             /// the one before ended (not timed): a transfer after a pause, as
             /// after an RPC hop, instead of back to back (default 0).
             optional --gap-us micros: u64
+            /// Only the storage rows (blocks between memory and files; with
+            /// --sizes, at those sizes).
+            optional --storage-only
+            /// No storage rows.
+            optional --no-storage
         }
     }
 }
@@ -509,6 +515,13 @@ fn run(config: &flags::Bench) -> Res<()> {
         .xproc_only
         .as_ref()
         .map(|wrap| wrap.split_whitespace().map(str::to_owned).collect());
+    let out = config.out.clone().unwrap_or_else(|| "target/bench".into());
+    let runs = config.runs.unwrap_or(default_runs(config.quick));
+    if config.storage_only {
+        let only = config.sizes.as_ref().map(|s| s.0.clone());
+        let stored = storage_rows(&out, config.quick, runs, only)?;
+        return report_out(&[], &stored, &extras::Extras::default(), &out);
+    }
     let mut movers: Vec<Box<dyn Mover>> = match &xproc_only {
         Some(wrap) => vec![
             Box::new(xproc::XprocApi::new(wrap)?),
@@ -517,21 +530,70 @@ fn run(config: &flags::Bench) -> Res<()> {
         None => all_movers(config.movers.as_deref())?,
     };
     let only = config.sizes.as_ref().map(|s| s.0.as_slice());
-    let runs = config.runs.unwrap_or(default_runs(config.quick));
     let rows = bandwidth(&mut movers, config.quick, only, runs)?;
     drop(movers);
-    let extras = if only.is_some() || xproc_only.is_some() || config.movers.is_some() {
+    let restricted = only.is_some() || xproc_only.is_some() || config.movers.is_some();
+    let extras = if restricted {
         extras::Extras::default()
     } else {
         extras::measure(config.quick)?
     };
-    report::print(&rows, &extras);
-    let out = config.out.clone().unwrap_or_else(|| "target/bench".into());
-    std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let stored = if restricted || config.no_storage {
+        Vec::new()
+    } else {
+        storage_rows(&out, config.quick, runs, None)?
+    };
+    report_out(&rows, &stored, &extras, &out)
+}
+
+/// The storage rows ([`storage`]): each placement and cache swept on its
+/// own, `O_DIRECT` only where the file system under `out` takes it; at
+/// `sizes`, or the storage sizes.
+fn storage_rows(
+    out: &std::path::Path,
+    quick: bool,
+    runs: usize,
+    sizes: Option<Vec<(usize, usize)>>,
+) -> Res<Vec<Row>> {
+    let sizes = sizes.unwrap_or_else(|| storage::sizes(quick));
+    use storage::{Cache, Placement};
+    let dir = out.join("storage-files");
+    let direct = storage::direct_works(&dir)?;
+    if !direct {
+        eprintln!(
+            "bench: {} does not take O_DIRECT: no -direct rows",
+            dir.display()
+        );
+    }
+    let mut rows = Vec::new();
+    for cache in [Cache::Page, Cache::Direct] {
+        if cache == Cache::Direct && !direct {
+            continue;
+        }
+        for placement in [Placement::Contiguous, Placement::Scattered] {
+            let mut movers = storage::movers(&dir, placement, cache)?;
+            rows.extend(bandwidth(&mut movers, quick, Some(&sizes), runs)?);
+            eprintln!("bench: storage rows, {placement:?} blocks, {cache:?} cache, done");
+        }
+    }
+    let _ = std::fs::remove_dir(&dir);
+    Ok(rows)
+}
+
+/// Prints the tables and writes `report.json` and `bandwidth.svg` to `out`:
+/// the memory rows, then the storage rows.
+fn report_out(
+    rows: &[Row],
+    stored: &[Row],
+    extras: &extras::Extras,
+    out: &std::path::Path,
+) -> Res<()> {
+    report::print(rows, stored, extras);
+    std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
     let json = out.join("report.json");
-    std::fs::write(&json, report::json(&rows, &extras)).map_err(|e| e.to_string())?;
+    std::fs::write(&json, report::json(rows, stored, extras)).map_err(|e| e.to_string())?;
     let svg = out.join("bandwidth.svg");
-    std::fs::write(&svg, report::svg(&rows)).map_err(|e| e.to_string())?;
+    std::fs::write(&svg, report::svg(rows)).map_err(|e| e.to_string())?;
     println!("\nwrote {} and {}", json.display(), svg.display());
     Ok(())
 }

@@ -76,7 +76,7 @@ fn configs(rows: &[Row]) -> Vec<(&'static str, usize, usize)> {
     out
 }
 
-pub(crate) fn print(rows: &[Row], extras: &Extras) {
+pub(crate) fn print(rows: &[Row], stored: &[Row], extras: &Extras) {
     let sweeps = rows.first().map_or(0, |r| r.p50_runs_us.len());
     if !crate::movers::peer_failure_detection() {
         println!(
@@ -152,14 +152,141 @@ pub(crate) fn print(rows: &[Row], extras: &Extras) {
     for (title, only_with, columns) in RATIO_TABLES {
         print_pairs(rows, title, only_with, columns);
     }
+    print_storage(stored);
     println!("\n== other measurements ==");
     for (name, value, unit) in &extras.items {
         println!("  {name:<72} {value:>12.2} {unit}");
     }
     println!("\n== targets ==");
-    for line in targets(rows, extras) {
+    for line in targets(rows, extras)
+        .into_iter()
+        .chain(storage_targets(stored))
+    {
         println!("  {line}");
     }
+}
+
+/// The storage rows' settings: (heading, the suffix of their movers' names).
+const STORAGE_SETTINGS: [(&str, &str); 4] = [
+    ("page cache, contiguous blocks", ""),
+    ("page cache, scattered blocks", "-scattered"),
+    ("O_DIRECT, contiguous blocks", "-direct"),
+    ("O_DIRECT, scattered blocks", "-scattered-direct"),
+];
+
+/// The storage movers, in column order, without their setting's suffix.
+const STORAGE_MOVERS: [&str; 4] = [
+    "file-plain",
+    "nixl-sys-posix-raw",
+    "loopback-file",
+    "nixl-file",
+];
+
+/// One table per storage setting: each mover's GB/s (p50 us), and ours on
+/// NIXL against raw nixl-sys POSIX and against plain system calls.
+fn print_storage(stored: &[Row]) {
+    for (setting, suffix) in STORAGE_SETTINGS {
+        let name = |mover: &str| format!("{mover}{suffix}");
+        let rows: Vec<&Row> = stored
+            .iter()
+            .filter(|r| STORAGE_MOVERS.iter().any(|m| r.backend == name(m)))
+            .collect();
+        if rows.is_empty() {
+            continue;
+        }
+        println!("\n== storage, {setting} (GB/s from the p50; p50 in us) ==");
+        println!(
+            "{:<6} {:>8} {:>5} | {:>16} | {:>16} | {:>16} | {:>16} {:>6} {:>6}",
+            "op",
+            "block",
+            "count",
+            "file-plain",
+            "posix-raw",
+            "loopback-file",
+            "nixl-file",
+            "xraw",
+            "xplain"
+        );
+        let cell = |r: Option<&Row>| {
+            r.map_or_else(
+                || "-".to_owned(),
+                |r| format!("{:6.2} ({:>7.1})", r.gbps, r.p50_us),
+            )
+        };
+        for (op, block, blocks) in configs(stored) {
+            let get = |mover: &str| find(stored, &name(mover), op, block, blocks);
+            let ratio = |a: Option<&Row>, b: Option<&Row>| match (a, b) {
+                (Some(a), Some(b)) => format!("{:.2}", a.gbps / b.gbps),
+                _ => "-".into(),
+            };
+            let [plain, raw, loopback, nixl] = STORAGE_MOVERS.map(get);
+            if nixl.is_none() && plain.is_none() {
+                continue;
+            }
+            println!(
+                "{:<6} {:>8} {:>5} | {:>16} | {:>16} | {:>16} | {:>16} {:>6} {:>6}",
+                op,
+                human(block),
+                blocks,
+                cell(plain),
+                cell(raw),
+                cell(loopback),
+                cell(nixl),
+                ratio(nixl, raw),
+                ratio(nixl, plain),
+            );
+        }
+    }
+}
+
+/// The storage tier's targets (issue 42), per setting: ours on NIXL >= 0.9 x
+/// raw nixl-sys POSIX at every row, >= 0.8 x plain system calls from 64 KiB
+/// blocks, and no registration per operation after a file's first.
+pub(crate) fn storage_targets(stored: &[Row]) -> Vec<String> {
+    let verdict = |ok: bool| if ok { "MET   " } else { "MISSED" };
+    let mut out = Vec::new();
+    for (setting, suffix) in STORAGE_SETTINGS {
+        let ours = format!("nixl-file{suffix}");
+        let worst = |base: &str, min_block: usize| {
+            configs(stored)
+                .into_iter()
+                .filter(|&(_, block, _)| block >= min_block)
+                .filter_map(|(op, block, blocks)| {
+                    let a = find(stored, &ours, op, block, blocks)?;
+                    let b = find(stored, base, op, block, blocks)?;
+                    Some((a.gbps / b.gbps, format!("{op} {blocks} x {}", human(block))))
+                })
+                .min_by(|a, b| a.0.total_cmp(&b.0))
+        };
+        if let Some((r, at)) = worst(&format!("nixl-sys-posix-raw{suffix}"), 0) {
+            out.push(format!(
+                "{} storage ({setting}): nixl-file >= 0.90 x nixl-sys-posix-raw at every row: worst {r:.2} ({at})",
+                verdict(r >= 0.9)
+            ));
+        }
+        if let Some((r, at)) = worst(&format!("file-plain{suffix}"), 64 << 10) {
+            out.push(format!(
+                "{} storage ({setting}): nixl-file >= 0.80 x file-plain from 64 KiB blocks: worst {r:.2} ({at})",
+                verdict(r >= 0.8)
+            ));
+        }
+    }
+    let ours: Vec<&Row> = stored
+        .iter()
+        .filter(|r| r.backend.starts_with("nixl-file") || r.backend.starts_with("loopback-file"))
+        .collect();
+    if !ours.is_empty() {
+        let most = ours
+            .iter()
+            .filter_map(|r| r.registrations_per_op())
+            .fold(0.0, f64::max);
+        let counted = ours.iter().all(|r| r.registrations.is_some());
+        out.push(format!(
+            "{} storage rows register nothing per operation after a file's first (0 reg/op): most {most}",
+            verdict(counted && most == 0.0)
+        ));
+    }
+    out
 }
 
 /// The cross-process configurations measured, in measurement order, each
@@ -546,9 +673,10 @@ fn xml(text: &str) -> String {
     out
 }
 
-pub(crate) fn json(rows: &[Row], extras: &Extras) -> String {
+pub(crate) fn json(rows: &[Row], stored: &[Row], extras: &Extras) -> String {
     let results: Vec<serde_json::Value> = rows
         .iter()
+        .chain(stored)
         .map(|r| {
             serde_json::json!({
                 "backend": r.backend, "op": r.op, "block_bytes": r.block_bytes, "blocks": r.blocks,
@@ -556,6 +684,7 @@ pub(crate) fn json(rows: &[Row], extras: &Extras) -> String {
                 "mean_us": r.mean_us, "slow_share": r.slow,
                 "p50_runs_us": r.p50_runs_us, "iterations": r.iterations,
                 "registrations_per_op": r.registrations_per_op(),
+                "storage": crate::storage::cache_of(r.backend),
             })
         })
         .collect();
@@ -567,7 +696,7 @@ pub(crate) fn json(rows: &[Row], extras: &Extras) -> String {
     let report = serde_json::json!({
         "results": results,
         "other": other,
-        "targets": targets(rows, extras),
+        "targets": targets(rows, extras).into_iter().chain(storage_targets(stored)).collect::<Vec<_>>(),
         "machine": {"cpus": std::thread::available_parallelism().map_or(0, |n| n.get())},
         "nixl": {"peer_failure_detection": crate::movers::peer_failure_detection()},
         "xproc_gap_us": crate::xproc::gap().as_micros() as u64,
