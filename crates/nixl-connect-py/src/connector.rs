@@ -1,5 +1,6 @@
 //! The native `Connector`: a core [`Connector`] over NIXL or the process-wide
-//! loopback fabric, and the four ways to start an operation.
+//! loopback fabric, and the ways to start an operation (the four of
+//! Dynamo's, and READs and WRITEs of files).
 
 use std::mem::ManuallyDrop;
 use std::path::PathBuf;
@@ -19,6 +20,7 @@ use pyo3::types::PyBytes;
 
 use crate::descriptor::PyDescriptor;
 use crate::error::to_py;
+use crate::file::PyFileSegment;
 use crate::fork;
 use crate::log;
 use crate::metadata::PyMetadata;
@@ -155,6 +157,33 @@ fn pairing_error(error: Error, local: usize) -> PyErr {
         ),
         other => to_py(other),
     }
+}
+
+/// The pairing errors of a storage transfer in the Python arguments' names
+/// (`local_descriptors`, `segments`); other errors as `to_py` maps them.
+fn file_pairing_error(error: Error) -> PyErr {
+    match error {
+        Error::DescriptorCountMismatch { local, remote } => PyValueError::new_err(format!(
+            "`local_descriptors` and `segments` must be as many: {local} != {remote}."
+        )),
+        Error::SizeMismatch {
+            index,
+            local,
+            remote,
+        } => PyValueError::new_err(format!(
+            "Local descriptor {index} and file segment {index} must be the same size. {local} != {remote}."
+        )),
+        Error::EmptyDescriptorList { .. } => {
+            PyValueError::new_err("Argument `segments` must not be an empty list.")
+        }
+        other => to_py(other),
+    }
+}
+
+/// The core segments the Python ones stand for (the operation owns clones:
+/// the file stays open while it may touch it).
+fn segments_of(segments: &[Py<PyFileSegment>]) -> Vec<descriptor_core::FileSegment> {
+    segments.iter().map(|s| s.get().inner().clone()).collect()
 }
 
 /// `builder` with `keys` when given (else the core's default: the environment's).
@@ -464,5 +493,40 @@ impl PyConnector {
         let op = crate::exit::detach(py, || inner.begin_write(local, metadata.inner()))
             .map_err(|e| pairing_error(e, count))?;
         Ok(PyOperation::new(AnyOp::Write(op), descriptors))
+    }
+
+    /// WRITEs the descriptors into the file segments, pair by pair (same
+    /// count, same sizes, files opened for writing: `ValueError`s); posted
+    /// before this returns (`Connector::begin_file_write`).
+    fn begin_file_write(
+        slf: &Bound<'_, Self>,
+        descriptors: Vec<Py<PyDescriptor>>,
+        segments: Vec<Py<PyFileSegment>>,
+    ) -> PyResult<PyOperation> {
+        let py = slf.py();
+        let files = segments_of(&segments);
+        let local = lend(py, slf, &descriptors, Access::Read)?;
+        let inner = slf.get().inner();
+        let op = crate::exit::detach(py, || inner.begin_file_write(local, files))
+            .map_err(file_pairing_error)?;
+        Ok(PyOperation::new(AnyOp::Write(op), descriptors))
+    }
+
+    /// READs the file segments into the descriptors, pair by pair (same
+    /// count, same sizes, writable memory, each segment inside its file:
+    /// `ValueError`s); posted before this returns
+    /// (`Connector::begin_file_read`).
+    fn begin_file_read(
+        slf: &Bound<'_, Self>,
+        segments: Vec<Py<PyFileSegment>>,
+        descriptors: Vec<Py<PyDescriptor>>,
+    ) -> PyResult<PyOperation> {
+        let py = slf.py();
+        let files = segments_of(&segments);
+        let local = lend(py, slf, &descriptors, Access::Written)?;
+        let inner = slf.get().inner();
+        let op = crate::exit::detach(py, || inner.begin_file_read(files, local))
+            .map_err(file_pairing_error)?;
+        Ok(PyOperation::new(AnyOp::Read(op), descriptors))
     }
 }

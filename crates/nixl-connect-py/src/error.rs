@@ -9,8 +9,9 @@ use pyo3::exceptions::{
 use crate::runtime;
 
 /// Maps an error of the Rust API to the exception a Dynamo caller expects:
-/// bad arguments are `ValueError`, a wrong kind of metadata and failed
-/// transfers `RuntimeError`, a missing NIXL runtime `ImportError` (Dynamo's
+/// bad arguments are `ValueError` (for storage transfers too: a file that
+/// cannot be a segment, a read-only file WRITten, a READ past a file's end),
+/// a wrong kind of metadata and failed transfers `RuntimeError`, a missing NIXL runtime `ImportError` (Dynamo's
 /// deferred import error, the fix first: `runtime`), a wait that gave up
 /// `TimeoutError`.
 pub(crate) fn to_py(error: Error) -> PyErr {
@@ -33,7 +34,10 @@ pub(crate) fn to_py(error: Error) -> PyErr {
         | Error::SizeMismatch { .. }
         | Error::MixedDevices { .. }
         | Error::ReadOnlyBuffer { .. }
-        | Error::InvalidSetting { .. } => PyValueError::new_err(message),
+        | Error::InvalidSetting { .. }
+        | Error::InvalidFile(_)
+        | Error::ReadOnlyFile { .. }
+        | Error::PastEndOfFile { .. } => PyValueError::new_err(message),
         Error::Unauthenticated { .. } => PyPermissionError::new_err(message),
         Error::BackendUnavailable { .. } => PyImportError::new_err(message),
         Error::TimedOut(_) => PyTimeoutError::new_err(message),

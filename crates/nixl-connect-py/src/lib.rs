@@ -13,6 +13,9 @@
 //!   the memory back to the Python descriptors once no transfer can touch it;
 //! - `pool::PyRegisteredMemory`: a Python object's memory registered once
 //!   and described in parts (`RegisteredMemory`, `BlockPool`);
+//! - `file::PyFileSegment`: a part of a file (a path opened, or a
+//!   duplicated fd), the far side of a storage transfer
+//!   (`Connector.begin_file_write` / `begin_file_read`);
 //! - `notifier::Notifier`: completion into asyncio through an
 //!   eventfd the event loop watches, woken by the library's own wakers.
 //!
@@ -25,6 +28,7 @@ mod device;
 mod error;
 mod exit;
 mod export;
+mod file;
 mod fork;
 mod held;
 mod log;
@@ -42,6 +46,7 @@ use pyo3::prelude::*;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<connector::PyConnector>()?;
     m.add_class::<descriptor::PyDescriptor>()?;
+    m.add_class::<file::PyFileSegment>()?;
     m.add_class::<metadata::PyMetadata>()?;
     m.add_class::<metadata::Snapshot>()?;
     m.add_class::<operation::PyOperation>()?;

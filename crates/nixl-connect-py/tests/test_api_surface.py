@@ -276,7 +276,8 @@ def test_forged_metadata_is_refused(pair):
 OPERATIONS = {"AbstractOperation", "ActiveOperation", "PassiveOperation", "ReadOperation",
               "WriteOperation", "ReadableOperation", "WritableOperation"}
 PASSIVE = {"AbstractOperation", "PassiveOperation", "ReadableOperation", "WritableOperation"}
-EXTRA_NAMES = {"BlockPool", "Quarantined", "RegisteredMemory", "set_nixl_log_level"}
+EXTRA_NAMES = {"BlockPool", "FileSegment", "Quarantined", "RegisteredMemory",
+               "set_nixl_log_level"}
 EXTRA_MEMBERS = {  # member -> the classes that have it beyond Dynamo
     "wait": OPERATIONS,
     "wait_for_release": OPERATIONS,
@@ -286,6 +287,8 @@ EXTRA_MEMBERS = {  # member -> the classes that have it beyond Dynamo
     "backend": {"Connector"},
     "peer_failure_detection": {"Connector"},
     "warm_up": {"Connector"},
+    "begin_file_write": {"Connector"},
+    "begin_file_read": {"Connector"},
     "quarantined": {"Connector"},
     "free_quarantined": {"Connector"},
     "capacity": {"Descriptor"},

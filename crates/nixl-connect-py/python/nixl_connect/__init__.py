@@ -24,7 +24,10 @@ Beyond Dynamo, without changing what Dynamo callers see:
   (``NIXL_CONNECT_PEER_FAILURE_DETECTION=0``): UCX without peer-failure
   detection (see `Connector`; what it changes, measured: the package README);
 - ``await Connector.warm_up()``: the agent made, and the NIXL runtime loaded,
-  at start-up instead of at the first operation.
+  at start-up instead of at the first operation;
+- files as the far side of a transfer (a storage tier): `FileSegment`,
+  ``await Connector.begin_file_write(...)`` and
+  ``await Connector.begin_file_read(...)``.
 """
 
 from __future__ import annotations
@@ -73,6 +76,7 @@ __all__ = [
     "Descriptor",
     "Device",
     "DeviceKind",
+    "FileSegment",
     "OperationKind",
     "OperationStatus",
     "PassiveOperation",
@@ -906,6 +910,43 @@ class BlockPool(RegisteredMemory):
         return [Descriptor._of_part(d, self) for d in natives]
 
 
+# Files: the far side of a storage transfer.
+
+FileSegment = _native.FileSegment
+# (The native class itself: see its docstring. Made once per file, the other
+# segments of that file with `at`.)
+
+
+def _segment_list(value: Any) -> list[FileSegment]:
+    """`value` (one `FileSegment` or a list of them) as a list; ``TypeError``
+    or ``ValueError`` (an empty list) naming the argument."""
+    if isinstance(value, FileSegment):
+        return [value]
+    if isinstance(value, list) and all(isinstance(s, FileSegment) for s in value):
+        if len(value) == 0:
+            raise ValueError("Argument `segments` must not be an empty list.")
+        return value
+    raise TypeError(
+        "Argument `segments` must be `nixl_connect.FileSegment` or `list[nixl_connect.FileSegment]`."
+    )
+
+
+def _file_read(
+    connection: Connection, segments: list[FileSegment], local: list[Descriptor], single: bool
+) -> ReadOperation:
+    """A READ of `segments` into `local`, posted (`Connector.begin_file_read`)."""
+    native = connection._native_connector().begin_file_read(segments, [d._native for d in local])
+    return ReadOperation._wrap(connection, native, local, single)
+
+
+def _file_write(
+    connection: Connection, local: list[Descriptor], single: bool, segments: list[FileSegment]
+) -> WriteOperation:
+    """A WRITE of `local` into `segments`, posted (`Connector.begin_file_write`)."""
+    native = connection._native_connector().begin_file_write([d._native for d in local], segments)
+    return WriteOperation._wrap(connection, native, local, single)
+
+
 def _check_ints(**values: Any) -> None:
     """``TypeError`` naming the first of `values` that is not an ``int``
     (``bool`` neither)."""
@@ -1140,13 +1181,18 @@ class ActiveOperation(AbstractOperation):
     """An operation that moves bytes to or from a peer's passive operation."""
 
     # The peer's agent metadata (not the whole `RdmaMetadata`: a model kept
-    # by the operation would outlive its caller's use of it).
+    # by the operation would outlive its caller's use of it); unset for a
+    # storage transfer, which has no peer.
     _remote_nixl_metadata: str
     _remote: Optional[Remote] = None
 
     @property
     def remote(self) -> Remote:
-        """The peer, as Dynamo's `Remote` names it."""
+        """The peer, as Dynamo's `Remote` names it. ``RuntimeError`` for a
+        READ or WRITE of files (`Connector.begin_file_read`,
+        `Connector.begin_file_write`), which has none."""
+        if getattr(self, "_remote_nixl_metadata", None) is None:
+            raise RuntimeError("A READ or WRITE of files has no remote peer.")
         if self._remote is None:
             self._remote = Remote(self._connection, self._remote_nixl_metadata)
         return self._remote
@@ -2053,6 +2099,58 @@ class Connector:
             return WriteOperation(connection, local_descriptors, remote_metadata)
         except _native.MemoryBusy:
             return await _when_let_go(WriteOperation, connection, local_descriptors, remote_metadata)
+
+    async def begin_file_write(
+        self,
+        local_descriptors: Descriptor | list[Descriptor],
+        segments: FileSegment | list[FileSegment],
+    ) -> WriteOperation:
+        """WRITEs `local_descriptors` into parts of files, pair by pair:
+        descriptor ``i`` into `segments` ``i`` (a storage tier's offload);
+        the transfer is posted before this returns. Not in Dynamo's API (an
+        extension).
+
+        ``ValueError`` unless there are as many segments as descriptors,
+        each of its descriptor's ``size``, and every file was opened for
+        writing (`FileSegment.writable`); a file grows as the WRITE reaches
+        past its end. Once ``await op.wait_for_completion()`` returned, every
+        byte is in its file (in the page cache: not synced to the disk; call
+        ``os.fsync`` for that). A WRITE that did not complete (errored,
+        cancelled, or its process died) may have written any part of any
+        block: record a block as stored only once its WRITE completed."""
+        local, single = _local(local_descriptors)
+        files = _segment_list(segments)
+        connection = self._shared_connection
+        if connection is None or type(self)._create_connection is not _CREATE_CONNECTION:
+            connection = await self._create_connection()
+        try:
+            return _file_write(connection, local, single, files)
+        except _native.MemoryBusy:
+            return await _when_let_go(_file_write, connection, local, single, files)
+
+    async def begin_file_read(
+        self,
+        segments: FileSegment | list[FileSegment],
+        local_descriptors: Descriptor | list[Descriptor],
+    ) -> ReadOperation:
+        """READs parts of files into `local_descriptors`, pair by pair:
+        `segments` ``i`` into descriptor ``i`` (a storage tier's hit); the
+        transfer is posted before this returns. Not in Dynamo's API (an
+        extension).
+
+        ``ValueError`` unless there are as many segments as descriptors,
+        each of its descriptor's ``size``, the descriptors are writable
+        memory (not ``bytes``), and every segment lies inside its file when
+        the READ begins (a READ past the end is refused, not shortened)."""
+        files = _segment_list(segments)
+        local, single = _local(local_descriptors)
+        connection = self._shared_connection
+        if connection is None or type(self)._create_connection is not _CREATE_CONNECTION:
+            connection = await self._create_connection()
+        try:
+            return _file_read(connection, files, local, single)
+        except _native.MemoryBusy:
+            return await _when_let_go(_file_read, connection, files, local, single)
 
     async def create_readable(
         self, local_descriptors: Descriptor | list[Descriptor]

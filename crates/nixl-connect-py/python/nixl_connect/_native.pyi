@@ -8,12 +8,13 @@ and `nixl_connect.OperationKind`.
 import asyncio
 import os
 from collections.abc import Sequence
-from typing import Final, final
+from typing import Final, Protocol, final
 
 __all__ = [
     "Connector",
     "MemoryBusy",
     "Descriptor",
+    "FileSegment",
     "Metadata",
     "Snapshot",
     "Operation",
@@ -153,6 +154,61 @@ class Connector:
 
     def begin_write(self, descriptors: Sequence[Descriptor], metadata: Metadata) -> Operation:
         """WRITEs the descriptors into the peer's writable memory (posted on return)."""
+
+    def begin_file_write(
+        self, descriptors: Sequence[Descriptor], segments: Sequence[FileSegment]
+    ) -> Operation:
+        """WRITEs the descriptors into the file segments, pair by pair (posted
+        on return); ``ValueError`` for counts or sizes that differ, or a file
+        opened read-only."""
+
+    def begin_file_read(
+        self, segments: Sequence[FileSegment], descriptors: Sequence[Descriptor]
+    ) -> Operation:
+        """READs the file segments into the descriptors, pair by pair (posted
+        on return); ``ValueError`` for counts or sizes that differ, read-only
+        memory, or a segment past its file's end."""
+
+@final
+class FileSegment:
+    """A part of a file, `size` bytes from `offset`: the far side of a storage
+    transfer. `file` is a path (opened read-write, else read-only; never
+    created), an fd or a file object with ``fileno()`` (duplicated: the
+    caller may close its own). `size` ``None``: to the end of the file now.
+    ``ValueError`` for a file that cannot be a segment or a bad range,
+    ``TypeError`` for a `file` of another type."""
+
+    def __new__(
+        cls,
+        file: str | bytes | os.PathLike[str] | os.PathLike[bytes] | int | _HasFileno,
+        offset: int = 0,
+        size: int | None = None,
+    ) -> FileSegment: ...
+    @property
+    def offset(self) -> int:
+        """Where the segment starts in the file."""
+
+    @property
+    def size(self) -> int:
+        """How many bytes the segment holds."""
+
+    @property
+    def writable(self) -> bool:
+        """Whether the file was opened for writing."""
+
+    def at(self, offset: int, size: int) -> FileSegment:
+        """Another segment of the same open file (same descriptor and registration)."""
+
+    def same_file(self, other: FileSegment) -> bool:
+        """Whether `other` is a segment of the same open file."""
+
+    def file_size(self) -> int:
+        """The file's size now, in bytes (``fstat``)."""
+
+class _HasFileno(Protocol):
+    """An object with ``fileno()`` (an open file)."""
+
+    def fileno(self) -> int: ...
 
 @final
 class Descriptor:
