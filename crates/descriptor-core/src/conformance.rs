@@ -464,6 +464,9 @@ macro_rules! __conformance_checks {
                 a_file_truncated_under_a_read_fails_it {
                     holds: |h, p| $crate::conformance::a_file_truncated_under_a_read_fails_it(h);
                 }
+                direct_io_is_aligned_or_refused {
+                    holds: |h, p| $crate::conformance::direct_io_is_aligned_or_refused(h);
+                }
                 a_full_file_system_fails_the_write {
                     holds: |h, p| $crate::conformance::a_full_file_system_fails_the_write(h);
                 }

@@ -393,6 +393,9 @@ impl Connector {
     ///   [`len`](FileSegment::len) ([`Error::SizeMismatch`]);
     /// - every file opened for writing ([`Error::ReadOnlyFile`]); a file
     ///   grows as the WRITE reaches past its end;
+    /// - for a file opened with `O_DIRECT`, offsets, lengths and memory
+    ///   addresses aligned as its file system needs
+    ///   ([`FileSegment::direct_io_alignment`], [`Error::UnalignedDirectIo`]);
     /// - local descriptors on one kind of device, not registered with
     ///   another connector, as for [`begin_write`](Self::begin_write).
     ///

@@ -164,6 +164,23 @@ pub enum Error {
         file_len: u64,
     },
 
+    /// A segment of a file opened with `O_DIRECT`, or the memory paired
+    /// with it, is not aligned as the file system needs for direct I/O
+    /// ([`FileSegment::direct_io_alignment`](crate::FileSegment::direct_io_alignment)).
+    #[error(
+        "file segment {index} is of a file opened with O_DIRECT, which needs its {what} ({value}) to be a multiple of {align} bytes"
+    )]
+    UnalignedDirectIo {
+        /// Position of the segment.
+        index: usize,
+        /// `"offset"`, `"length"` or `"memory address"`.
+        what: &'static str,
+        /// The value that is not aligned.
+        value: u64,
+        /// The alignment the file needs.
+        align: u64,
+    },
+
     /// The backend cannot do what was asked (device memory on loopback, ...).
     #[error("{backend} backend does not support {what}")]
     Unsupported {

@@ -61,7 +61,24 @@ struct OpenFile {
     /// that ends within it is begun without asking again (a file shrunk
     /// since fails that READ in the backend instead).
     seen_len: AtomicU64,
+    /// Opened with `O_DIRECT`: what its I/O must be aligned to.
+    direct: Option<DirectIoAlignment>,
 }
+
+/// What direct I/O (`O_DIRECT`) on a file needs aligned, as the file system
+/// reports it (`statx`'s `STATX_DIOALIGN`; 4096 for both on kernels before
+/// 6.1, which do not report it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirectIoAlignment {
+    /// The memory's address, in bytes.
+    pub memory: u64,
+    /// Offsets and lengths in the file, in bytes.
+    pub offset: u64,
+}
+
+/// The alignment assumed where the kernel does not report one: a page,
+/// which every Linux file system taking `O_DIRECT` accepts.
+const DIRECT_IO_FALLBACK: u64 = 4096;
 
 impl FileSegment {
     /// `len` bytes from `offset` of the file at `path`, opened for reading
@@ -98,7 +115,7 @@ impl FileSegment {
     }
 
     fn from_owned_fd(fd: OwnedFd, offset: u64, len: usize) -> Result<FileSegment> {
-        let writable = access_mode(fd.as_fd())?;
+        let (writable, direct) = open_mode(fd.as_fd())?;
         check_range(offset, len)?;
         Ok(FileSegment {
             file: Arc::new(OpenFile {
@@ -106,6 +123,7 @@ impl FileSegment {
                 writable,
                 registration: OnceLock::new(),
                 seen_len: AtomicU64::new(0),
+                direct,
             }),
             offset,
             len,
@@ -146,6 +164,14 @@ impl FileSegment {
     /// Whether `other` is a segment of the same open file.
     pub fn same_file(&self, other: &FileSegment) -> bool {
         Arc::ptr_eq(&self.file, &other.file)
+    }
+
+    /// What the file's direct I/O must be aligned to, if it was opened with
+    /// `O_DIRECT` (`None`: through the page cache, no alignment needed).
+    /// Segments and the memory paired with them are checked against it
+    /// when a transfer begins ([`Error::UnalignedDirectIo`]).
+    pub fn direct_io_alignment(&self) -> Option<DirectIoAlignment> {
+        self.file.direct
     }
 
     /// The file's size now (`fstat`).
@@ -297,6 +323,9 @@ pub(crate) fn check_file_pairing(
                 remote: f.len,
             });
         }
+        if let Some(align) = f.file.direct {
+            check_direct(index, f, l, align)?;
+        }
         match op {
             OperationKind::Write if !f.is_writable() => {
                 return Err(Error::ReadOnlyFile { index });
@@ -322,9 +351,36 @@ pub(crate) fn check_file_pairing(
     Ok(())
 }
 
-/// Whether an open descriptor may be written (its access mode), for a
-/// regular file; anything else is refused.
-fn access_mode(fd: BorrowedFd<'_>) -> Result<bool> {
+/// Segment `index` and its memory against the file's direct-I/O alignment.
+fn check_direct(
+    index: usize,
+    segment: &FileSegment,
+    local: &Descriptor,
+    align: DirectIoAlignment,
+) -> Result<()> {
+    let checks = [
+        ("offset", segment.offset, align.offset),
+        ("length", segment.len as u64, align.offset),
+        ("memory address", local.ptr() as u64, align.memory),
+    ];
+    match checks
+        .into_iter()
+        .find(|&(_, value, align)| align > 1 && value % align != 0)
+    {
+        Some((what, value, align)) => Err(Error::UnalignedDirectIo {
+            index,
+            what,
+            value,
+            align,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Whether an open descriptor may be written (its access mode), and its
+/// direct-I/O alignment if it was opened with `O_DIRECT`, for a regular
+/// file; anything else is refused.
+fn open_mode(fd: BorrowedFd<'_>) -> Result<(bool, Option<DirectIoAlignment>)> {
     let file = File::from(fd.try_clone_to_owned().map_err(io_error("duplicate"))?);
     let meta = file.metadata().map_err(io_error("stat"))?;
     if !meta.is_file() {
@@ -340,10 +396,43 @@ fn access_mode(fd: BorrowedFd<'_>) -> Result<bool> {
             std::io::Error::last_os_error(),
         ));
     }
-    Ok(matches!(
-        flags & libc::O_ACCMODE,
-        libc::O_WRONLY | libc::O_RDWR
-    ))
+    let writable = matches!(flags & libc::O_ACCMODE, libc::O_WRONLY | libc::O_RDWR);
+    let direct = (flags & libc::O_DIRECT != 0).then(|| direct_io_alignment(fd));
+    Ok((writable, direct))
+}
+
+/// The file system's direct-I/O alignment for `fd` (`statx`), or a page
+/// where the kernel does not say.
+fn direct_io_alignment(fd: BorrowedFd<'_>) -> DirectIoAlignment {
+    let fallback = DirectIoAlignment {
+        memory: DIRECT_IO_FALLBACK,
+        offset: DIRECT_IO_FALLBACK,
+    };
+    let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: `statx` of the open descriptor itself (an empty path with
+    // AT_EMPTY_PATH) writes one `statx` into the buffer, which is zeroed,
+    // so every field is initialized whatever the kernel fills.
+    let rc = unsafe {
+        libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_DIOALIGN,
+            stx.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return fallback;
+    }
+    // SAFETY: zeroed, then written by a successful `statx`.
+    let stx = unsafe { stx.assume_init() };
+    if stx.stx_mask & libc::STATX_DIOALIGN == 0 || stx.stx_dio_offset_align == 0 {
+        return fallback;
+    }
+    DirectIoAlignment {
+        memory: u64::from(stx.stx_dio_mem_align).max(1),
+        offset: u64::from(stx.stx_dio_offset_align),
+    }
 }
 
 /// A segment's end must be a file offset (`off_t`).

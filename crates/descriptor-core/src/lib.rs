@@ -128,7 +128,7 @@ pub use connector::{Connector, ConnectorBuilder};
 pub use descriptor::Descriptor;
 pub use device::{Device, DeviceKind};
 pub use error::{Cause, Error, Result, SharedCause, Side};
-pub use file::FileSegment;
+pub use file::{DirectIoAlignment, FileSegment};
 pub use metadata::{
     MAX_AGENT_METADATA_BYTES, MAX_DESCRIPTORS, MAX_JSON_BYTES, MAX_NOTIFICATION_KEY_LEN,
     OperationKind, RdmaMetadata, SerializedDescriptor, check_descriptor_count, check_json_len,

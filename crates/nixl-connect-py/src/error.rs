@@ -10,7 +10,8 @@ use crate::runtime;
 
 /// Maps an error of the Rust API to the exception a Dynamo caller expects:
 /// bad arguments are `ValueError` (for storage transfers too: a file that
-/// cannot be a segment, a read-only file WRITten, a READ past a file's end),
+/// cannot be a segment, a read-only file WRITten, a READ past a file's end,
+/// an `O_DIRECT` segment or its memory unaligned),
 /// a wrong kind of metadata and failed transfers `RuntimeError`, a missing NIXL runtime `ImportError` (Dynamo's
 /// deferred import error, the fix first: `runtime`), a wait that gave up
 /// `TimeoutError`.
@@ -37,7 +38,8 @@ pub(crate) fn to_py(error: Error) -> PyErr {
         | Error::InvalidSetting { .. }
         | Error::InvalidFile(_)
         | Error::ReadOnlyFile { .. }
-        | Error::PastEndOfFile { .. } => PyValueError::new_err(message),
+        | Error::PastEndOfFile { .. }
+        | Error::UnalignedDirectIo { .. } => PyValueError::new_err(message),
         Error::Unauthenticated { .. } => PyPermissionError::new_err(message),
         Error::BackendUnavailable { .. } => PyImportError::new_err(message),
         Error::TimedOut(_) => PyTimeoutError::new_err(message),

@@ -40,6 +40,15 @@ impl TempFile {
             .unwrap()
     }
 
+    /// The file opened again for reading and writing, as it is.
+    fn open_again(&self) -> File {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&self.path)
+            .unwrap()
+    }
+
     fn bytes(&self) -> Vec<u8> {
         std::fs::read(&self.path).unwrap()
     }
@@ -322,6 +331,97 @@ pub fn a_file_truncated_under_a_read_fails_it(h: &dyn Harness) {
             assert!(matches!(err, Error::TransferFailed { .. }), "{err}");
         }
     }
+}
+
+/// A file opened with `O_DIRECT`: a segment or memory off the file
+/// system's direct-I/O alignment is refused before the backend sees it
+/// (the kernel would fail it with EINVAL), and aligned blocks move, byte
+/// for byte. Skipped where the temporary directory does not take O_DIRECT.
+pub fn direct_io_is_aligned_or_refused(h: &dyn Harness) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let temp = TempFile::new("direct");
+    let opened = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&temp.path);
+    let Ok(opened) = opened else {
+        tracing::warn!(
+            "direct_io_is_aligned_or_refused: no O_DIRECT in the temporary directory: skipped"
+        );
+        return;
+    };
+    let c = connector(h, "file-direct");
+    let file = FileSegment::from_file(opened, 0, 0).unwrap();
+    let align = file.direct_io_alignment().expect("opened with O_DIRECT");
+    let plain = FileSegment::from_file(temp.open_again(), 0, 0).unwrap();
+    assert_eq!(plain.direct_io_alignment(), None);
+    let block = usize::try_from(align.offset.max(align.memory).max(4096)).unwrap();
+    let mut arena = vec![0u8; 3 * block];
+    let skip = arena.as_ptr().align_offset(block);
+    arena[skip..skip + 2 * block].copy_from_slice(&super::pattern(80, 2 * block));
+    let memory = crate::RegisteredMemory::new(&c, arena).unwrap();
+    let views = || {
+        vec![
+            memory.carve(skip, block).unwrap(),
+            memory.carve(skip + block, block).unwrap(),
+        ]
+    };
+    let write = c
+        .begin_file_write(views(), segments(&file, &[block, block], false))
+        .unwrap();
+    write.wait_timeout(WAIT).unwrap();
+    drop(returned!(write, "the direct WRITE"));
+    assert!(
+        temp.bytes() == super::pattern(80, 2 * block),
+        "the direct WRITE"
+    );
+    let refused = |local: Descriptor, segment: FileSegment| match c
+        .begin_file_write(vec![local], vec![segment])
+    {
+        Err(Error::UnalignedDirectIo { what, align, .. }) => (what, align),
+        Err(other) => panic!("an unaligned direct WRITE: {other}"),
+        Ok(_) => panic!("an unaligned direct WRITE was begun"),
+    };
+    if align.offset > 1 {
+        let at = refused(
+            memory.carve(skip, block).unwrap(),
+            file.at(1, block).unwrap(),
+        );
+        assert_eq!(at, ("offset", align.offset));
+        let short = refused(
+            memory.carve(skip, block - 1).unwrap(),
+            file.at(0, block - 1).unwrap(),
+        );
+        assert_eq!(short, ("length", align.offset));
+    }
+    if align.memory > 1 {
+        let off = refused(
+            memory.carve(skip + 1, block).unwrap(),
+            file.at(0, block).unwrap(),
+        );
+        assert_eq!(off, ("memory address", align.memory));
+    }
+    // Read back into the same (zeroed) memory.
+    let zeroed: Vec<Descriptor> = views()
+        .into_iter()
+        .map(|mut d| {
+            d.as_mut_slice().unwrap().fill(0);
+            d
+        })
+        .collect();
+    let read = c
+        .begin_file_read(segments(&file, &[block, block], false), zeroed)
+        .unwrap();
+    read.wait_timeout(WAIT).unwrap();
+    let back = returned!(read, "the direct READ");
+    let bytes: Vec<u8> = back
+        .iter()
+        .flat_map(|d| d.as_slice().unwrap().to_vec())
+        .collect();
+    assert!(bytes == super::pattern(80, 2 * block), "the direct READ");
 }
 
 /// A WRITE into a full file system fails with the system's error (ENOSPC),
