@@ -311,6 +311,20 @@ pub(crate) fn test(sh: &Shell, ws: &Workspace, long: bool, chosen: &[String]) ->
             )
             .envs(nixl_env.clone()),
         );
+        // The storage tier: LRU blocks offloaded to a file and read back,
+        // every block's CRC checked.
+        steps.run(
+            if *backend == "nixl" {
+                "demo --offload (nixl)"
+            } else {
+                "demo --offload (loopback)"
+            },
+            cmd!(
+                sh,
+                "{cargo} run --release -p kv-cache-demo --features {feature} -- --backend {backend} --offload"
+            )
+            .envs(nixl_env.clone()),
+        );
     }
 
     // examples/two-process: two OS processes, the metadata through a file.
