@@ -100,6 +100,11 @@ fn posix(agent: &Agent, uring: bool) -> Result<()> {
         .map_err(|e| nixl_error("create the POSIX backend", e))
 }
 
+/// The I/Os NIXL 1.5.1's POSIX plugin submits when a transfer is posted
+/// (its queue's depth, `MAX_OUTSTANDING_IOS`); the rest go out as polls of
+/// the transfer reap completed ones.
+pub(crate) const POSIX_IOS_AT_POST: usize = 64;
+
 /// Files registered with the posting agent, by region id.
 #[derive(Default)]
 pub(crate) struct Files(Mutex<HashMap<u64, File>>);
