@@ -251,7 +251,8 @@ The movers:
 - The storage movers move blocks between memory (one page-aligned arena)
   and a file of their own (examples/bench/src/storage.rs): `file-plain`
   is `pread`/`pwrite` on the thread, one call per run of neighbouring
-  blocks; `nixl-sys-posix-raw` is nixl-sys's POSIX plugin (AIO) without
+  blocks, `file-uring` the same runs through io_uring with up to 64 in
+  flight (where io_uring can be set up); `nixl-sys-posix-raw` is nixl-sys's POSIX plugin (AIO) without
   this library, memory and file registered once, one request per transfer
   with a descriptor per block, polled with a yield; `loopback-file` and
   `nixl-file` are `Connector::begin_file_write`/`begin_file_read` and

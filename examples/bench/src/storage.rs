@@ -3,6 +3,8 @@
 //!
 //! - `file-plain`: `pread`/`pwrite` on the thread, one call per run of
 //!   neighbouring blocks (the best a plain loop does);
+//! - `file-uring`: the same runs through io_uring, up to 64 in flight (the
+//!   queued plain baseline, where io_uring can be set up);
 //! - `nixl-sys-posix-raw`: nixl-sys's POSIX plugin without our layer: memory
 //!   and file registered once, a request per transfer with one descriptor
 //!   per block, polled with a yield, as a user of nixl-sys writes it;
@@ -64,16 +66,21 @@ pub(crate) enum Cache {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Plain,
+    Uring,
     Raw,
     Loopback,
     Nixl,
 }
 
 /// Every storage mover's name: `[kind][placement][cache]`.
-const NAMES: [[[&str; 2]; 2]; 4] = [
+const NAMES: [[[&str; 2]; 2]; 5] = [
     [
         ["file-plain", "file-plain-direct"],
         ["file-plain-scattered", "file-plain-scattered-direct"],
+    ],
+    [
+        ["file-uring", "file-uring-direct"],
+        ["file-uring-scattered", "file-uring-scattered-direct"],
     ],
     [
         ["nixl-sys-posix-raw", "nixl-sys-posix-raw-direct"],
@@ -159,12 +166,18 @@ pub(crate) fn movers(dir: &Path, placement: Placement, cache: Cache) -> Res<Vec<
     .build()
     .map(Connector::new)
     .map_err(|e| e.to_string())?;
-    Ok(vec![
-        Box::new(Plain::new(shape(Kind::Plain))),
-        Box::new(RawPosix::new(shape(Kind::Raw))?),
+    let mut movers: Vec<Box<dyn Mover>> = vec![Box::new(Plain::new(shape(Kind::Plain)))];
+    // Where io_uring can be set up (a seccomp profile may forbid it).
+    match Uring::new(shape(Kind::Uring)) {
+        Ok(uring) => movers.push(Box::new(uring)),
+        Err(e) => eprintln!("bench: no file-uring rows: {e}"),
+    }
+    movers.extend([
+        Box::new(RawPosix::new(shape(Kind::Raw))?) as Box<dyn Mover>,
         Box::new(Ours::new(shape(Kind::Loopback), loopback)),
         Box::new(Ours::new(shape(Kind::Nixl), nixl)),
-    ])
+    ]);
+    Ok(movers)
 }
 
 /// A mover's name, file and layout.
@@ -357,6 +370,7 @@ impl NixlDescriptor for WholeFile {
 struct Plain {
     shape: Shape,
     blocks: Option<Blocks>,
+    runs: Vec<(usize, u64, usize)>,
     memory: Option<PageBuf>,
 }
 
@@ -365,6 +379,7 @@ impl Plain {
         Plain {
             shape,
             blocks: None,
+            runs: Vec::new(),
             memory: None,
         }
     }
@@ -375,7 +390,9 @@ impl Mover for Plain {
         self.shape.name
     }
     fn prepare(&mut self, op: Op, block: usize, n: usize) -> Res<()> {
-        self.blocks = Some(self.shape.prepare(op, block, n)?);
+        let blocks = self.shape.prepare(op, block, n)?;
+        self.runs = runs(&blocks);
+        self.blocks = Some(blocks);
         self.memory = Some(PageBuf::new(block * n, block, op == Op::Write)?);
         Ok(())
     }
@@ -385,25 +402,13 @@ impl Mover for Plain {
         };
         let started = Instant::now();
         let memory = memory.as_mut_slice();
-        let block = blocks.block;
-        let mut i = 0;
-        while i < blocks.offsets.len() {
-            // A run: blocks neighbours in the file as in memory.
-            let mut end = i + 1;
-            while end < blocks.offsets.len()
-                && blocks.offsets[end] == blocks.offsets[end - 1] + block as u64
-            {
-                end += 1;
-            }
-            let range = i * block..end * block;
+        for &(at, offset, len) in &self.runs {
+            let range = at..at + len;
             let done = match op {
-                Op::Write => blocks.file.write_all_at(&memory[range], blocks.offsets[i]),
-                Op::Read => blocks
-                    .file
-                    .read_exact_at(&mut memory[range], blocks.offsets[i]),
+                Op::Write => blocks.file.write_all_at(&memory[range], offset),
+                Op::Read => blocks.file.read_exact_at(&mut memory[range], offset),
             };
             done.map_err(|e| format!("{}: {e}", self.shape.name))?;
-            i = end;
         }
         Ok(started.elapsed())
     }
@@ -416,6 +421,128 @@ impl Mover for Plain {
 }
 
 impl Drop for Plain {
+    fn drop(&mut self) {
+        self.shape.remove();
+    }
+}
+
+/// The runs of neighbouring blocks (neighbours in memory and in the file):
+/// (memory offset, file offset, length).
+fn runs(blocks: &Blocks) -> Vec<(usize, u64, usize)> {
+    let mut out: Vec<(usize, u64, usize)> = Vec::new();
+    for (i, &offset) in blocks.offsets.iter().enumerate() {
+        match out.last_mut() {
+            Some((_, at, len)) if *at + *len as u64 == offset => *len += blocks.block,
+            _ => out.push((i * blocks.block, offset, blocks.block)),
+        }
+    }
+    out
+}
+
+/// Submission queue entries of [`Uring`]: as many I/Os in flight at once
+/// as NIXL's POSIX plugin keeps.
+const URING_DEPTH: u32 = 64;
+
+/// `file-uring*`: one io_uring read or write per run of neighbouring
+/// blocks, up to [`URING_DEPTH`] in flight, reaped until all are done: the
+/// queued plain-syscall baseline.
+struct Uring {
+    shape: Shape,
+    ring: io_uring::IoUring,
+    blocks: Option<Blocks>,
+    runs: Vec<(usize, u64, usize)>,
+    memory: Option<PageBuf>,
+}
+
+impl Uring {
+    fn new(shape: Shape) -> Res<Uring> {
+        let ring = io_uring::IoUring::new(URING_DEPTH).map_err(|e| format!("io_uring: {e}"))?;
+        Ok(Uring {
+            shape,
+            ring,
+            blocks: None,
+            runs: Vec::new(),
+            memory: None,
+        })
+    }
+}
+
+impl Mover for Uring {
+    fn name(&self) -> &'static str {
+        self.shape.name
+    }
+    fn prepare(&mut self, op: Op, block: usize, n: usize) -> Res<()> {
+        let blocks = self.shape.prepare(op, block, n)?;
+        self.runs = runs(&blocks);
+        self.blocks = Some(blocks);
+        self.memory = Some(PageBuf::new(block * n, block, op == Op::Write)?);
+        Ok(())
+    }
+    fn run(&mut self, op: Op) -> Res<Duration> {
+        use io_uring::{opcode, types};
+        let (Some(blocks), Some(memory)) = (&self.blocks, &mut self.memory) else {
+            return Err("not prepared".into());
+        };
+        let started = Instant::now();
+        let fd = types::Fd(blocks.file.as_raw_fd());
+        let base = memory.as_mut_slice().as_mut_ptr();
+        let (mut next, mut in_flight, mut failed) = (0, 0u32, None::<String>);
+        loop {
+            while failed.is_none() && next < self.runs.len() && in_flight < URING_DEPTH {
+                let (at, offset, len) = self.runs[next];
+                let Ok(len32) = u32::try_from(len) else {
+                    failed = Some(format!("a run of {len} bytes"));
+                    break;
+                };
+                // Inside `memory`: `runs` of this size's blocks.
+                let buf = base.wrapping_add(at);
+                let entry = match op {
+                    Op::Read => opcode::Read::new(fd, buf, len32).offset(offset).build(),
+                    Op::Write => opcode::Write::new(fd, buf, len32).offset(offset).build(),
+                }
+                .user_data(len as u64);
+                // SAFETY: the buffer and the file outlive the I/O: this loop
+                // reaps every entry it pushed before it returns, and `memory`
+                // stays borrowed (not moved or freed) until then.
+                if unsafe { self.ring.submission().push(&entry) }.is_err() {
+                    break;
+                }
+                next += 1;
+                in_flight += 1;
+            }
+            if in_flight == 0 {
+                break;
+            }
+            if let Err(e) = self.ring.submit_and_wait(1) {
+                // Entries may be in flight still: keep reaping them.
+                failed.get_or_insert(format!("io_uring submit: {e}"));
+                std::thread::yield_now();
+            }
+            for done in self.ring.completion() {
+                in_flight -= 1;
+                if u64::try_from(done.result()).ok() != Some(done.user_data()) {
+                    failed.get_or_insert(format!(
+                        "an I/O moved {} of {} bytes",
+                        done.result(),
+                        done.user_data()
+                    ));
+                }
+            }
+        }
+        match failed {
+            Some(e) => Err(format!("{}: {e}", self.shape.name)),
+            None => Ok(started.elapsed()),
+        }
+    }
+    fn verify(&self, op: Op) -> bool {
+        match (&self.blocks, &self.memory) {
+            (Some(blocks), Some(memory)) => self.shape.verify(op, blocks, memory.as_slice()),
+            _ => false,
+        }
+    }
+}
+
+impl Drop for Uring {
     fn drop(&mut self) {
         self.shape.remove();
     }
