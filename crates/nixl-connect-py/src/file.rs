@@ -265,6 +265,17 @@ impl PyFileSegment {
         self.inner.is_writable()
     }
 
+    /// What direct I/O on the file must be aligned to, if it was opened
+    /// with `O_DIRECT`: `(memory, offset)` in bytes (memory addresses;
+    /// offsets and sizes), as the file system reports it; `None` through
+    /// the page cache. Transfers off it raise `ValueError`.
+    #[getter]
+    fn direct_io_alignment(&self) -> Option<(u64, u64)> {
+        self.inner
+            .direct_io_alignment()
+            .map(|align| (align.memory, align.offset))
+    }
+
     /// Another segment of the same open file (same descriptor, same
     /// registration): `size` bytes from `offset`.
     fn at(&self, offset: &Bound<'_, PyAny>, size: &Bound<'_, PyAny>) -> PyResult<PyFileSegment> {

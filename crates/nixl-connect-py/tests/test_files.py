@@ -320,6 +320,45 @@ def test_pairing_mistakes_are_value_errors(connector, path):
     assert memory == pattern(2 * BLOCK, seed=19)[BLOCK:]
 
 
+def test_an_o_direct_file_refuses_unaligned_blocks_and_moves_aligned_ones(connector, path):
+    """O_DIRECT: the file system's alignment is known before any transfer;
+    an unaligned offset or size is a ValueError, not the kernel's EINVAL."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_DIRECT)
+    except OSError:
+        pytest.skip("no O_DIRECT here")
+    try:
+        base = nc.FileSegment(fd)
+    finally:
+        os.close(fd)
+    assert nc.FileSegment(path).direct_io_alignment is None
+    memory_align, offset_align = base.direct_io_alignment
+    block = max(memory_align, offset_align, BLOCK)
+    # NumPy's page-aligned memory: a larger array, viewed from a page boundary.
+    raw = np.zeros(3 * block, dtype=np.uint8)
+    skip = (-raw.ctypes.data) % block
+    source = raw[skip:skip + block]
+    source[:] = np.frombuffer(pattern(block, seed=31), dtype=np.uint8)
+
+    async def go():
+        if offset_align > 1:
+            with pytest.raises(ValueError, match="O_DIRECT, which needs its offset"):
+                await connector.begin_file_write(nc.Descriptor((source, "cpu")), base.at(1, block))
+            with pytest.raises(ValueError, match="O_DIRECT, which needs its length"):
+                await connector.begin_file_write(
+                    nc.Descriptor((source[:block - 1], "cpu")), base.at(0, block - 1)
+                )
+        write = await connector.begin_file_write(nc.Descriptor((source, "cpu")), base.at(0, block))
+        await write.wait_for_completion()
+        back = raw[skip + block:skip + 2 * block]
+        read = await connector.begin_file_read(base.at(0, block), nc.Descriptor((back, "cpu")))
+        await read.wait_for_completion()
+        return bytes(back)
+
+    assert run(go()) == pattern(block, seed=31)
+    assert on_disk(path, 0, block) == pattern(block, seed=31)
+
+
 def test_a_write_from_bytes_is_allowed(connector, path):
     """`bytes` is read-only memory: a WRITE only reads it."""
     data = pattern(BLOCK, seed=23)

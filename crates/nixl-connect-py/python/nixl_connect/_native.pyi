@@ -196,6 +196,11 @@ class FileSegment:
     def writable(self) -> bool:
         """Whether the file was opened for writing."""
 
+    @property
+    def direct_io_alignment(self) -> tuple[int, int] | None:
+        """``(memory, offset)`` alignment in bytes if the file was opened with
+        ``O_DIRECT`` (memory addresses; offsets and sizes), else ``None``."""
+
     def at(self, offset: int, size: int) -> FileSegment:
         """Another segment of the same open file (same descriptor and registration)."""
 
