@@ -365,7 +365,7 @@ fn check_direct(
     ];
     match checks
         .into_iter()
-        .find(|&(_, value, align)| align > 1 && value % align != 0)
+        .find(|&(_, value, align)| !value.is_multiple_of(align))
     {
         Some((what, value, align)) => Err(Error::UnalignedDirectIo {
             index,

@@ -422,6 +422,56 @@ pub fn direct_io_is_aligned_or_refused(h: &dyn Harness) {
         .flat_map(|d| d.as_slice().unwrap().to_vec())
         .collect();
     assert!(bytes == super::pattern(80, 2 * block), "the direct READ");
+    drop(back);
+
+    // Random offsets, lengths and memory positions, aligned or not: each
+    // WRITE is refused up front or lands byte for byte (so the alignment
+    // the file reports is the kernel's: what it would refuse, EINVAL, would
+    // fail the transfer here).
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    let units = [1u64, 8, 512, 4096];
+    let scratch = vec![0u8; 10 * block];
+    let skip = scratch.as_ptr().align_offset(block);
+    let memory = crate::RegisteredMemory::new(&c, scratch).unwrap();
+    for round in 0..24u64 {
+        let offset = next(8) * units[next(4) as usize];
+        let len = ((1 + next(4)) * units[next(4) as usize]).min(block as u64) as usize;
+        let at = skip + (next(8) * units[next(4) as usize]) as usize;
+        let aligned = offset.is_multiple_of(align.offset)
+            && (len as u64).is_multiple_of(align.offset)
+            && ((memory.ptr() + at) as u64).is_multiple_of(align.memory);
+        let mut local = memory.carve(at, len).unwrap();
+        let seed = 90 + round;
+        local
+            .as_mut_slice()
+            .unwrap()
+            .copy_from_slice(&super::pattern(seed, len));
+        let begun = c.begin_file_write(vec![local], vec![file.at(offset, len).unwrap()]);
+        match (aligned, begun) {
+            (true, Ok(write)) => {
+                write.wait_timeout(WAIT).unwrap_or_else(|e| {
+                    panic!("an aligned direct WRITE of {len} B at {offset} (memory +{at}): {e}")
+                });
+                drop(returned!(write, "a random direct WRITE"));
+                let on_disk = temp.bytes();
+                assert!(
+                    on_disk[offset as usize..][..len] == super::pattern(seed, len),
+                    "a direct WRITE of {len} B at {offset}"
+                );
+            }
+            (false, Err(Error::UnalignedDirectIo { .. })) => {}
+            (aligned, begun) => panic!(
+                "{len} B at {offset} (memory +{at}), aligned {aligned}: {:?}",
+                begun.map(|_| "begun")
+            ),
+        }
+    }
 }
 
 /// A WRITE into a full file system fails with the system's error (ENOSPC),
