@@ -88,14 +88,17 @@
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::exemplar::Exemplar;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::backend::{
@@ -149,14 +152,93 @@ pub const DESCRIPTOR_BUCKETS: &[f64] = &[
 ];
 
 type Labels<const N: usize> = [(&'static str, &'static str); N];
-type HistogramFamily<const N: usize> = Family<Labels<N>, Histogram, fn() -> Histogram>;
+type HistogramFamily<const N: usize> = Family<Labels<N>, Buckets, fn() -> Buckets>;
 
-fn duration_histogram() -> Histogram {
-    Histogram::new(DURATION_BUCKETS.iter().copied())
+fn duration_histogram() -> Buckets {
+    // Observed in nanoseconds, encoded in seconds.
+    Buckets::new(DURATION_BUCKETS, 1e-9)
 }
 
-fn descriptor_histogram() -> Histogram {
-    Histogram::new(DESCRIPTOR_BUCKETS.iter().copied())
+fn descriptor_histogram() -> Buckets {
+    Buckets::new(DESCRIPTOR_BUCKETS, 1.0)
+}
+
+/// A histogram whose observation is two relaxed atomic additions (an
+/// integer value: nanoseconds, descriptors), where `prometheus_client`'s
+/// [`Histogram`](prometheus_client::metrics::histogram::Histogram) takes a
+/// lock: this one is on every transfer's path. Clones share the counts.
+#[derive(Clone, Debug)]
+struct Buckets {
+    shared: Arc<BucketsInner>,
+}
+
+#[derive(Debug)]
+struct BucketsInner {
+    /// Upper bounds as encoded (in the metric's unit).
+    bounds: &'static [f64],
+    /// The same in observed units, rounded.
+    upper: Box<[u64]>,
+    /// Observations per bucket (not cumulative), the last one `+Inf`'s.
+    counts: Box<[AtomicU64]>,
+    /// Sum of the observations, in observed units.
+    sum: AtomicU64,
+    /// The metric's unit per observed unit.
+    scale: f64,
+}
+
+impl Buckets {
+    fn new(bounds: &'static [f64], scale: f64) -> Buckets {
+        Buckets {
+            shared: Arc::new(BucketsInner {
+                bounds,
+                upper: bounds.iter().map(|b| (b / scale).round() as u64).collect(),
+                counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+                sum: AtomicU64::new(0),
+                scale,
+            }),
+        }
+    }
+
+    fn observe(&self, value: u64) {
+        let h = &*self.shared;
+        // The first bucket whose bound is at least `value`, or `+Inf`.
+        let bucket = h.upper.partition_point(|&upper| upper < value);
+        if let Some(count) = h.counts.get(bucket) {
+            count.fetch_add(1, Ordering::Relaxed);
+        }
+        h.sum.fetch_add(value, Ordering::Relaxed);
+    }
+}
+
+impl TypedMetric for Buckets {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for Buckets {
+    fn encode(&self, mut encoder: MetricEncoder<'_>) -> std::result::Result<(), std::fmt::Error> {
+        let h = &*self.shared;
+        let buckets: Vec<(f64, u64)> = h
+            .bounds
+            .iter()
+            .copied()
+            .chain(std::iter::once(f64::INFINITY))
+            .zip(h.counts.iter().map(|c| c.load(Ordering::Relaxed)))
+            .collect();
+        // The count is the buckets' total, so that a scrape in the middle
+        // of an observation is consistent in itself.
+        let count = buckets.iter().map(|(_, n)| n).sum();
+        let sum = h.sum.load(Ordering::Relaxed) as f64 * h.scale;
+        encoder.encode_histogram(
+            sum,
+            count,
+            &buckets,
+            None::<&HashMap<usize, Exemplar<NoLabelSet, f64>>>,
+        )
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
 }
 
 /// The metric families, shared by every clone of a [`Metrics`].
@@ -392,8 +474,8 @@ struct Directed {
     in_flight: Gauge,
     posted_bytes: Counter,
     completed_bytes: Counter,
-    descriptors: Histogram,
-    duration: Histogram,
+    descriptors: Buckets,
+    duration: Buckets,
 }
 
 /// What a registration is of, and its series.
@@ -557,12 +639,16 @@ type Shard = Mutex<HashMap<TransferId, Started, foldhash::fast::RandomState>>;
 /// first, so the map holds no more than the transfers the connector holds.
 struct Pending {
     shards: [Shard; SHARDS],
+    /// Entries in all shards: zero for a backend whose transfers end inside
+    /// `post` (loopback), whose releases then take no lock.
+    len: AtomicUsize,
 }
 
 impl Pending {
     fn new() -> Pending {
         Pending {
             shards: std::array::from_fn(|_| Mutex::new(HashMap::default())),
+            len: AtomicUsize::new(0),
         }
     }
 
@@ -577,14 +663,31 @@ impl Pending {
     }
 
     fn insert(&self, id: TransferId, started: Started) {
-        self.shard(id).insert(id, started);
+        if self.shard(id).insert(id, started).is_none() {
+            self.len.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     fn take(&self, id: TransferId) -> Option<Started> {
-        self.shard(id).remove(&id)
+        // An entry is inserted before `post` hands its id out, so whoever
+        // polls or releases that id sees the count that includes it.
+        if self.len.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let taken = self.shard(id).remove(&id);
+        if taken.is_some() {
+            self.len.fetch_sub(1, Ordering::Relaxed);
+        }
+        taken
     }
 
     fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+
+    /// The entries themselves, counted shard by shard.
+    #[cfg(test)]
+    fn entries(&self) -> usize {
         self.shards.iter().map(|s| lock(s).len()).sum()
     }
 }
@@ -655,7 +758,9 @@ impl<B: RegistrationBackend> Metered<B> {
     fn completed(&self, directed: &Directed, bytes: u64, took: Duration) {
         directed.completed.inc();
         directed.completed_bytes.inc_by(bytes);
-        directed.duration.observe(took.as_secs_f64());
+        directed
+            .duration
+            .observe(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX));
     }
 
     #[cold]
@@ -811,7 +916,7 @@ impl<B: RegistrationBackend> RegistrationBackend for Metered<B> {
         let bytes = request.bytes() as u64;
         directed.posted.inc();
         directed.posted_bytes.inc_by(bytes);
-        directed.descriptors.observe(request.local.len() as f64);
+        directed.descriptors.observe(request.local.len() as u64);
         let at = Instant::now();
         // SAFETY: our caller's contract is the inner backend's; `release`
         // forwards to the inner backend for the same transfer.

@@ -220,7 +220,7 @@ fn transfers_are_counted_by_how_they_end() {
         reason: "unknown".into(),
     });
     assert!(post_read(&metered, 1).is_err());
-    assert_eq!(metered.pending.len(), 4);
+    assert_eq!((metered.pending.entries(), metered.pending.len()), (4, 4));
 
     let d = [("op", "read"), ("target", "peer")];
     assert_eq!(value(&metered, "nixl_connect_transfers_in_flight", &d), 4.0);
@@ -238,7 +238,7 @@ fn transfers_are_counted_by_how_they_end() {
         metered.release(p.id).unwrap();
     }
 
-    assert_eq!(metered.pending.len(), 0);
+    assert_eq!((metered.pending.entries(), metered.pending.len()), (0, 0));
     let count = |name| value(&metered, name, &d);
     assert_eq!(count("nixl_connect_transfers_posted_total"), 5.0);
     assert_eq!(count("nixl_connect_transfers_completed_total"), 2.0);
@@ -286,6 +286,7 @@ fn abandoned_transfers_leave_nothing_behind() {
             assert!(metered.poll(posted.id).is_in_progress());
         }
         metered.release(posted.id).unwrap();
+        assert_eq!(metered.pending.entries(), 0, "round {round}");
         assert_eq!(metered.pending.len(), 0, "round {round}");
     }
     let d = [("op", "read"), ("target", "peer")];
