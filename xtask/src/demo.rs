@@ -42,6 +42,9 @@ pub(crate) fn demo(sh: &Shell, root: &Path, args: &flags::Demo) -> Result<(), u8
     if args.offload {
         options.push("--offload".to_owned());
     }
+    if let Some(port) = args.metrics_port {
+        options.extend(["--metrics-port".to_owned(), port.to_string()]);
+    }
     let mut cmd = cmd!(
         sh,
         "{cargo} run --quiet --release -p kv-cache-demo --features {feature} -- --backend {backend} {options...}"

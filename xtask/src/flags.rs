@@ -33,6 +33,9 @@ xflags::xflags! {
             optional --iterations n: usize
             /// The storage tier: LRU blocks evicted to a file and read back.
             optional --offload
+            /// Serve the transfer metrics at http://127.0.0.1:PORT/metrics
+            /// while the demo runs (0: any free port), checked at the end.
+            optional --metrics-port port: u16
         }
         /// memcpy / loopback / nixl / raw nixl-sys, in and across processes, then
         /// the criterion hot paths; writes target/bench/ and renders

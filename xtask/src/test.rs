@@ -281,7 +281,11 @@ pub(crate) fn test(sh: &Shell, ws: &Workspace, long: bool, chosen: &[String]) ->
         ("demo crate, nixl", "nixl"),
         ("demo crate, cuda", "cuda"),
         ("demo crate, rocm", "rocm"),
-        ("demo crate, all features", "loopback,nixl,cuda,rocm"),
+        ("demo crate, metrics", "metrics"),
+        (
+            "demo crate, all features",
+            "loopback,nixl,cuda,rocm,metrics",
+        ),
     ] {
         steps.run(
             label,
@@ -307,7 +311,7 @@ pub(crate) fn test(sh: &Shell, ws: &Workspace, long: bool, chosen: &[String]) ->
             },
             cmd!(
                 sh,
-                "{cargo} run --release -p kv-cache-demo --features {feature} -- --backend {backend} --iterations 3"
+                "{cargo} run --release -p kv-cache-demo --features {feature} -- --backend {backend} --iterations 3 --metrics-port 0"
             )
             .envs(nixl_env.clone()),
         );

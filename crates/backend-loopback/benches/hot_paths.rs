@@ -1,9 +1,11 @@
 //! Criterion micro-benchmarks of the hot paths: the metadata codec, device
-//! parsing, registration and a loopback round trip (status polling included).
+//! parsing, registration and a loopback round trip (status polling included),
+//! bare and with metrics.
 #![allow(missing_docs, clippy::unwrap_used)]
 
 use backend_loopback::{Fabric, LoopbackBackend};
 use criterion::{Criterion, criterion_group, criterion_main};
+use descriptor_core::metrics::{Metered, Metrics};
 use descriptor_core::{
     Connector, Descriptor, Device, OperationKind, RdmaMetadata, SerializedDescriptor,
     decode_agent_metadata, encode_agent_metadata,
@@ -73,9 +75,30 @@ fn loopback(c: &mut Criterion) {
             spare = Some(d.into_vec::<u8>().unwrap());
         })
     });
+    roundtrip(c, "loopback/4KiB_readable_read_roundtrip", &server, &client);
+    // The same over `Metered` on both sides (the `metrics` feature): the
+    // cost of the metrics is the difference between the two rows.
+    let metrics = Metrics::new();
+    let metered = |name| {
+        Connector::new(Metered::new(
+            LoopbackBackend::new(&fabric, name).unwrap(),
+            &metrics,
+        ))
+    };
+    let (server, client) = (metered("metered-server"), metered("metered-client"));
+    roundtrip(
+        c,
+        "loopback/4KiB_readable_read_roundtrip_metered",
+        &server,
+        &client,
+    );
+}
+
+/// A 4 KiB readable on `server` READ by `client`, both sides waited for.
+fn roundtrip(c: &mut Criterion, name: &str, server: &Connector, client: &Connector) {
     let mut src = vec![Descriptor::new(vec![1u8; 4096]).unwrap()];
     let mut dst = vec![Descriptor::new(vec![0u8; 4096]).unwrap()];
-    c.bench_function("loopback/4KiB_readable_read_roundtrip", |b| {
+    c.bench_function(name, |b| {
         b.iter(|| {
             let readable = server.create_readable(std::mem::take(&mut src)).unwrap();
             let read = client

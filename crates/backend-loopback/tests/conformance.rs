@@ -1,10 +1,13 @@
 //! The descriptor-core conformance suite on the loopback backend: every check,
-//! with its standard cases (`descriptor_core::conformance::CHECKS`).
+//! with its standard cases (`descriptor_core::conformance::CHECKS`), on the
+//! backend itself and wrapped in `Metered` (a wrapper must change nothing a
+//! connector can see).
 #![allow(clippy::unwrap_used)]
 
 use backend_loopback::{Fabric, LoopbackBackend};
 use descriptor_core::RegistrationBackend;
 use descriptor_core::conformance::{Harness, Params};
+use descriptor_core::metrics::{Metered, Metrics};
 
 struct Loopback {
     fabric: Fabric,
@@ -24,6 +27,52 @@ impl Harness for Loopback {
     }
 }
 
+/// Loopback agents wrapped in `Metered`, all counting into one `Metrics`.
+struct MeteredLoopback {
+    loopback: Loopback,
+    metrics: Metrics,
+}
+
+impl MeteredLoopback {
+    fn new() -> MeteredLoopback {
+        MeteredLoopback {
+            loopback: Loopback::new(),
+            metrics: Metrics::new(),
+        }
+    }
+}
+
+impl Harness for MeteredLoopback {
+    fn backend(&self, name: &str) -> Box<dyn RegistrationBackend> {
+        let backend = LoopbackBackend::new(&self.loopback.fabric, name).unwrap();
+        Box::new(Metered::new(backend, &self.metrics))
+    }
+}
+
+/// Once a check is over, every transfer it posted through the meters is
+/// accounted for: completed, failed or abandoned, none left in flight.
+impl Drop for MeteredLoopback {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        let text = self.metrics.encode_text();
+        let total = |name: &str| -> f64 {
+            text.lines()
+                .filter(|line| line.starts_with(&format!("{name}{{")))
+                .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
+                .sum()
+        };
+        let posted = total("nixl_connect_transfers_posted_total");
+        let ended = total("nixl_connect_transfers_completed_total")
+            + total("nixl_connect_transfers_failed_total")
+            + total("nixl_connect_transfers_abandoned_total");
+        let in_flight = total("nixl_connect_transfers_in_flight");
+        assert_eq!(in_flight, 0.0, "transfers left in flight:\n{text}");
+        assert_eq!(posted, ended, "transfers posted but never ended:\n{text}");
+    }
+}
+
 /// The load check runs 16 x 1,000 operations by default; 16 x 10,000 with
 /// `RELIABILITY_LONG` set (`cargo xtask test --long`).
 fn params() -> Params {
@@ -35,6 +84,9 @@ fn params() -> Params {
 }
 
 descriptor_core::conformance_suite! {
-    harnesses: { loopback => Loopback::new() },
+    harnesses: {
+        loopback => Loopback::new(),
+        metered => MeteredLoopback::new(),
+    },
     params: params(),
 }

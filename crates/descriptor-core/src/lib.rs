@@ -117,6 +117,9 @@ pub mod conformance;
 #[cfg(feature = "faults")]
 #[cfg_attr(docsrs, doc(cfg(feature = "faults")))]
 pub mod faults;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
 
 pub use auth::{ENV_PEER_KEYS, MIN_KEY_BYTES, PeerKeys, SEALED_MAGIC, is_sealed};
 pub use backend::{

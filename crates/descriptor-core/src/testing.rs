@@ -114,3 +114,37 @@ impl Drop for WatchedMemory {
         self.freed_after.store((self.seen)() + 1, Ordering::SeqCst);
     }
 }
+
+/// The value of the sample `name` whose labels are exactly `labels` (in any
+/// order) in Prometheus / OpenMetrics text such as
+/// `metrics::Metrics::encode_text` writes; `None` if there is no such
+/// sample. For a histogram, name its `_count`, `_sum` or `_bucket` sample
+/// (with its `le` label).
+pub fn openmetrics_sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let mut wanted: Vec<(&str, &str)> = labels.to_vec();
+    wanted.sort_unstable();
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .find_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (metric, found) = match series.split_once('{') {
+                Some((metric, rest)) => (metric, parse_labels(rest.strip_suffix('}')?)?),
+                None => (series, Vec::new()),
+            };
+            (metric == name && found == wanted)
+                .then(|| value.parse().ok())
+                .flatten()
+        })
+}
+
+/// `a="x",b="y"`, sorted by name; values hold no quotes here (the metrics'
+/// label values are fixed words).
+fn parse_labels(text: &str) -> Option<Vec<(&str, &str)>> {
+    let mut labels = Vec::new();
+    for pair in text.split(',').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=')?;
+        labels.push((key, value.strip_prefix('"')?.strip_suffix('"')?));
+    }
+    labels.sort_unstable();
+    Some(labels)
+}

@@ -31,7 +31,14 @@
 //!
 //! With `--offload`, the storage tier instead: see `offload.rs`.
 //!
-//! `cargo xtask demo [--backend NAME] [--blocks N] [--block-size BYTES] [--iterations N] [--offload]`,
+//! With `--metrics-port PORT` (feature `metrics`, on by default), both
+//! connectors' backends are wrapped in `descriptor_core::metrics::Metered`
+//! and their transfer metrics are served as Prometheus text at
+//! `http://127.0.0.1:PORT/metrics` while the demo runs (`0`: any free port,
+//! printed); at the end the demo scrapes itself once and checks the counts
+//! against what it did. See `endpoint.rs`.
+//!
+//! `cargo xtask demo [--backend NAME] [--blocks N] [--block-size BYTES] [--iterations N] [--offload] [--metrics-port PORT]`,
 //! or `cargo run --release -p kv-cache-demo --features nixl -- --backend nixl`.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
@@ -42,6 +49,8 @@ use std::time::{Duration, Instant};
 
 use descriptor_core::{BlockPool, Connector, Descriptor, RdmaMetadata};
 
+#[cfg(feature = "metrics")]
+mod endpoint;
 mod offload;
 
 mod flags {
@@ -70,6 +79,10 @@ mod flags {
             /// evicted to a file (in KV_OFFLOAD_DIR, default the temporary
             /// directory) and read back on hits, CRC-checked.
             optional --offload
+            /// Serve both connectors' transfer metrics as Prometheus text at
+            /// http://127.0.0.1:PORT/metrics while the demo runs (0: any free
+            /// port), and check them at the end (feature `metrics`).
+            optional --metrics-port port: u16
         }
     }
 }
@@ -100,6 +113,7 @@ struct Args {
     request_blocks: usize,
     seed: u64,
     offload: bool,
+    metrics_port: Option<u16>,
 }
 
 impl From<flags::KvCacheDemo> for Args {
@@ -118,6 +132,7 @@ impl From<flags::KvCacheDemo> for Args {
                 .max(1),
             seed: flags.seed.unwrap_or(1),
             offload: flags.offload,
+            metrics_port: flags.metrics_port,
         }
     }
 }
@@ -170,7 +185,57 @@ fn list_devices() -> Result<(), String> {
     Ok(())
 }
 
-fn connectors(backend: &str) -> Result<(Connector, Connector), String> {
+/// The metrics both connectors count into, and where they are served.
+#[cfg(feature = "metrics")]
+type Meter = Option<(descriptor_core::metrics::Metrics, std::net::SocketAddr)>;
+#[cfg(not(feature = "metrics"))]
+type Meter = Option<std::convert::Infallible>;
+
+/// Starts the metrics endpoint if `--metrics-port` asks for it.
+fn meter(args: &Args) -> Result<Meter, String> {
+    let Some(port) = args.metrics_port else {
+        return Ok(None);
+    };
+    #[cfg(feature = "metrics")]
+    {
+        let metrics = descriptor_core::metrics::Metrics::new();
+        let address = endpoint::serve(metrics.clone(), port)?;
+        println!("kv-cache-demo: transfer metrics at http://{address}/metrics");
+        Ok(Some((metrics, address)))
+    }
+    #[cfg(not(feature = "metrics"))]
+    Err(format!(
+        "--metrics-port {port}: this build has no metrics (build with `--features metrics`)"
+    ))
+}
+
+/// A connector over `backend`, metered when `meter` says so.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+#[cfg_attr(not(any(feature = "loopback", feature = "nixl")), allow(dead_code))]
+fn connector(backend: impl descriptor_core::RegistrationBackend, meter: &Meter) -> Connector {
+    #[cfg(feature = "metrics")]
+    if let Some((metrics, _)) = meter {
+        return Connector::new(descriptor_core::metrics::Metered::new(backend, metrics));
+    }
+    Connector::new(backend)
+}
+
+/// Scrapes the endpoint once at the end of a clean run: `expected`
+/// transfers of each direction completed, none failed.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+fn check_metrics(meter: &Meter, expected: &[(&str, usize)]) -> Result<(), String> {
+    #[cfg(feature = "metrics")]
+    if let Some((_, address)) = meter {
+        return endpoint::check(*address, expected);
+    }
+    Ok(())
+}
+
+#[cfg_attr(
+    not(any(feature = "loopback", feature = "nixl")),
+    allow(unused_variables)
+)]
+fn connectors(backend: &str, meter: &Meter) -> Result<(Connector, Connector), String> {
     match backend {
         #[cfg(feature = "loopback")]
         "loopback" => {
@@ -178,7 +243,7 @@ fn connectors(backend: &str) -> Result<(Connector, Connector), String> {
             let fabric = Fabric::new();
             let make = |name| {
                 LoopbackBackend::new(&fabric, name)
-                    .map(Connector::new)
+                    .map(|b| connector(b, meter))
                     .map_err(|e| format!("loopback backend: {e}"))
             };
             Ok((make("prefill-worker")?, make("decode-worker")?))
@@ -187,9 +252,13 @@ fn connectors(backend: &str) -> Result<(Connector, Connector), String> {
         "nixl" => {
             use backend_nixl::NixlBackend;
             let make = |name| {
-                NixlBackend::new(name).map(Connector::new).map_err(|e| {
-                    format!("{e} (`cargo xtask demo --backend nixl` fetches the runtime itself)")
-                })
+                NixlBackend::new(name)
+                    .map(|b| connector(b, meter))
+                    .map_err(|e| {
+                        format!(
+                            "{e} (`cargo xtask demo --backend nixl` fetches the runtime itself)"
+                        )
+                    })
             };
             Ok((make("prefill-worker")?, make("decode-worker")?))
         }
@@ -765,7 +834,8 @@ fn main() -> ExitCode {
         );
         return ExitCode::SUCCESS;
     }
-    let result = connectors(&args.backend).and_then(|(prefill, decode)| {
+    let result = meter(&args).and_then(|meter| {
+        let (prefill, decode) = connectors(&args.backend, &meter)?;
         if args.offload {
             drop(prefill);
             println!(
@@ -777,7 +847,8 @@ fn main() -> ExitCode {
                 args.request_blocks,
                 args.seed,
             );
-            return offload::run(&args, &decode);
+            offload::run(&args, &decode)?;
+            return check_metrics(&meter, &[("read", 0), ("write", 0)]);
         }
         println!(
             "kv-cache-demo: backend {}; one arena per side, {} blocks x {} KiB ({:.1} MiB), registered once; \
@@ -801,7 +872,10 @@ fn main() -> ExitCode {
         if prefill.remote_agent_count() + decode.remote_agent_count() != 0 {
             return Err("remote agents left in use after all operations ended".into());
         }
-        Ok(())
+        check_metrics(
+            &meter,
+            &[("read", served.read.len()), ("write", served.write.len())],
+        )
     });
     match result {
         Ok(()) if args.offload => {
