@@ -601,6 +601,7 @@ fn reason(error: &Error) -> &'static str {
         | Error::InvalidFile(_)
         | Error::ReadOnlyFile { .. }
         | Error::PastEndOfFile { .. }
+        | Error::UnalignedDirectIo { .. }
         | Error::InvalidSetting { .. } => "invalid_request",
         Error::Backend { source, .. } if source.downcast_ref::<std::io::Error>().is_some() => "io",
         Error::Backend { .. } => "backend",
