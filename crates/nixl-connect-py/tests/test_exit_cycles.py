@@ -1,7 +1,7 @@
 """A process exits with status 0 whatever it leaves alive, in reference
 cycles or in globals, and whatever its operations are doing at exit.
 
-The defect this pins (a reproducer of issue 43 with `a.me = a`): a process
+The defects this pins (a reproducer of issue 43 with `a.me = a`): a process
 exited with status 139 when the connector that exposed a readable sat in a
 reference cycle while another connector of the process still READ the
 readable after it completed. Not finalization: the readable's memory (a
@@ -12,7 +12,13 @@ unmapped array (`SIGSEGV` in `ucp_get_req_handler`). The same happened with
 no cycle and no exit (the readable dropped mid-run, the connectors kept),
 and for a readable dropped mid-READ once its quarantine was full. The core
 now keeps memory that a transfer of this process may still reach until that
-transfer ends (`descriptor-core/src/reach.rs`).
+transfer ends (`descriptor-core/src/reach.rs`). The long set then found a
+second crash, rarer: a connector whose last reference went inside its NIXL
+watcher thread (a cancelled READ that drained) had its agents destroyed by
+that thread while the main thread's `exit()` ran UCX's library destructors
+(`SIGSEGV` in `ucs_async_context_cleanup` under `ucp_worker_destroy`). An
+`atexit` handler now waits for agent destructions under way and leaks those
+that would begin later (`backend-nixl/src/exit.rs`).
 
 Each case is a child process: which objects (connector, readable,
 operation, descriptor, all) are kept by a cycle or a global; what the READ
@@ -129,6 +135,10 @@ FAST = [
     ("nixl", "operation", "cycle", "cancelled", "before", "loop", "exit"),
     ("nixl", "all", "global", "reread", "never", "loop", "exit"),
     ("nixl", "descriptor", "cycle", "completed", "atexit", "run", "exit"),
+    # The connector's last reference went in its watcher thread, which then
+    # destroyed the agents while `exit()` ran UCX's destructors (1 in ~300).
+    ("nixl", "operation", "cycle", "pending", "never", "run", "exit"),
+    ("nixl", "descriptor", "global", "cancelled", "never", "loop", "exit"),
     ("loopback", "connector", "cycle", "reread", "never", "run", "exit"),
     ("loopback", "all", "cycle", "pending", "atexit", "loop", "exit"),
     ("loopback", "operation", "global", "cancelled", "never", "run", "exit"),
