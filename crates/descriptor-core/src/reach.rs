@@ -57,10 +57,14 @@ fn reached() -> MutexGuard<'static, Reached> {
 }
 
 impl Reached {
+    /// Whether a span overlaps `start..end`; an empty range counts as its
+    /// first byte (a zero-length segment is still named by a transfer).
+    /// Remote addresses come from a peer's metadata: nothing here overflows.
     fn overlaps(&self, start: usize, end: usize) -> bool {
+        let end = end.max(start.saturating_add(1));
         self.spans
             .iter()
-            .any(|&(s, e, _)| s < end.max(start + 1) && start < e.max(s + 1))
+            .any(|&(s, e, _)| s < end && start < e.max(s.saturating_add(1)))
     }
 }
 
@@ -176,5 +180,10 @@ mod tests {
             "freed with the last overlapping ticket"
         );
         assert!(!is_reached(base, 8192));
+        // A peer's metadata may name any address: the last one does not overflow.
+        let edge = Ticket::claim(&[segment(usize::MAX - 1, 0), segment(usize::MAX, usize::MAX)]);
+        assert!(is_reached(usize::MAX - 1, 0));
+        let _ = is_reached(usize::MAX, usize::MAX);
+        drop(edge);
     }
 }
