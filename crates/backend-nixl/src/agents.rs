@@ -14,6 +14,7 @@ use std::sync::Mutex;
 
 use nixl_sys::Agent;
 
+use crate::exit::Guard;
 use crate::route::{Notifier, Poster};
 use crate::sync::lock;
 use crate::tuning::Notifications;
@@ -36,6 +37,25 @@ pub(crate) struct Agents {
     pub(crate) notifications: Notifications,
     /// What the serving agent holds for each peer, by NIXL name.
     pub(crate) notifiers: Notifiers,
+    /// Held while the fields above are dropped (declared last, so dropped
+    /// last): the process's exit waits for it (see [`crate::exit`]).
+    exit: Guard,
+}
+
+impl Drop for Agents {
+    fn drop(&mut self) {
+        match Guard::enter() {
+            // The fields, the agents among them, are dropped after this
+            // returns, and the guard after them.
+            Some(guard) => self.exit = guard,
+            None => {
+                // The process is exiting: the native agents are never
+                // destroyed (their handles' count never reaches zero).
+                std::mem::forget(self.serving.clone());
+                std::mem::forget(self.initiator.clone());
+            }
+        }
+    }
 }
 
 impl Agents {
@@ -49,11 +69,13 @@ impl Agents {
         } else {
             Notifications::Attached
         };
+        crate::exit::watch();
         Agents {
             serving,
             initiator,
             notifications,
             notifiers: Notifiers::default(),
+            exit: Guard::idle(),
         }
     }
 

@@ -70,6 +70,7 @@ mod agents;
 mod backend;
 mod builder;
 mod error;
+mod exit;
 mod memory;
 mod peers;
 mod route;

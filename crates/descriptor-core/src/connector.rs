@@ -17,6 +17,7 @@ use crate::operation::{
     Held, OperationCore, ReadOperation, ReadableOperation, WritableOperation, WriteOperation,
 };
 use crate::quarantine::{Quarantine, QuarantinePolicy, Quarantined};
+use crate::reach::Ticket;
 use crate::remote::{DEFAULT_MAX_IDLE_PEERS, RemoteCache};
 
 static NEXT_CONNECTOR_ID: AtomicU64 = AtomicU64::new(1);
@@ -540,9 +541,14 @@ impl Connector {
         };
         let span = tracing::debug_span!("post", connector = %self.inner.name, peer = %lease.peer(), ?op, bytes = request.bytes());
         let _entered = span.enter();
+        // Claimed before the transfer can start; given up once the backend
+        // lets go of it (`reach`: a peer in this process cannot have the
+        // memory freed under this transfer).
+        let ticket =
+            (!self.inner.backend.revocation_enforced()).then(|| Ticket::claim(remote_segments));
         let (local, posted) = self.post(local, &request)?;
         let (op, bytes) = (request.op, request.bytes());
-        Ok(self.track(local, op, bytes, posted, FarSide::Peer(lease)))
+        Ok(self.track(local, op, bytes, posted, FarSide::Peer(lease, ticket)))
     }
 
     fn begin_file(

@@ -67,6 +67,7 @@ impl Drop for Descriptor {
         // The range goes back to the pool (a leaf lock, no backend call);
         // then the `Arc`: the last one deregisters and frees (`Region::drop`).
         self.region.give_back(self.offset, self.capacity);
+        Region::keep_while_reached(&self.region);
     }
 }
 
@@ -319,7 +320,9 @@ impl Descriptor {
 
     /// Deregisters (if registered) and returns the buffer, if it is a `B` and
     /// this descriptor is its only view, covering all of it (not a view of a
-    /// pool, nor one half of a split); otherwise gives the descriptor back
+    /// pool, nor one half of a split) and no transfer of this process may
+    /// still reach it through a peer agent (a READ of a readable made of
+    /// it that is still in flight); otherwise gives the descriptor back
     /// unchanged.
     ///
     /// ```
@@ -330,7 +333,13 @@ impl Descriptor {
     /// # Ok::<(), descriptor_core::Error>(())
     /// ```
     pub fn into_buffer<B: MemoryBuffer>(mut self) -> Result<B, Descriptor> {
-        if self.offset != 0 || self.capacity != self.region.whole().len {
+        let whole = self.region.whole();
+        // A transfer of this process may still reach the memory through a
+        // peer agent: the buffer stays with the descriptor (see `reach`).
+        if self.offset != 0
+            || self.capacity != whole.len
+            || crate::reach::is_reached(whole.addr, whole.len)
+        {
             return Err(self);
         }
         // On success the view keeps the emptied region, and dropping it

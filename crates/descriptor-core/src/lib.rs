@@ -103,6 +103,7 @@ mod operation;
 mod pool;
 mod probe;
 mod quarantine;
+mod reach;
 mod region;
 mod remote;
 mod runs;

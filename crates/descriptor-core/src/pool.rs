@@ -48,6 +48,12 @@ pub struct BlockPool {
     region: Arc<Region>,
 }
 
+impl Drop for BlockPool {
+    fn drop(&mut self) {
+        Region::keep_while_reached(&self.region);
+    }
+}
+
 impl BlockPool {
     /// Registers `buffer` with `connector` now (one backend registration)
     /// and divides it into blocks of `block_size` bytes; a tail shorter than
@@ -186,6 +192,12 @@ impl std::fmt::Debug for BlockPool {
 #[derive(Clone)]
 pub struct RegisteredMemory {
     region: Arc<Region>,
+}
+
+impl Drop for RegisteredMemory {
+    fn drop(&mut self) {
+        Region::keep_while_reached(&self.region);
+    }
 }
 
 impl RegisteredMemory {

@@ -437,6 +437,21 @@ impl Region {
     /// handle; the emptied region then frees only its own allocation when
     /// dropped. A registered region is deregistered first; if that fails,
     /// nothing is taken and the region stays registered.
+    /// Called as a holder of `this` lets go of it: if a transfer posted in
+    /// this process may still reach the region's memory through a peer
+    /// agent, one more reference is kept until that transfer ends, so the
+    /// memory is not freed under it (see [`crate::reach`]).
+    pub(crate) fn keep_while_reached(this: &Arc<Region>) {
+        let whole = this.whole();
+        if crate::reach::is_reached(whole.addr, whole.len) {
+            drop(crate::reach::keep_while_reached(
+                whole.addr,
+                whole.len,
+                Arc::clone(this),
+            ));
+        }
+    }
+
     pub(crate) fn take_buffer<T: MemoryBuffer>(this: &mut Arc<Region>) -> Option<T> {
         let region = Arc::get_mut(this)?;
         if region.taken

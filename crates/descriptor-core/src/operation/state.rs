@@ -39,6 +39,7 @@ use crate::error::{Cause, Error, Result, SharedCause};
 use crate::file::FileSegment;
 use crate::metadata::OperationKind;
 use crate::quarantine::Quarantine;
+use crate::reach::Ticket;
 use crate::remote::RemoteLease;
 use crate::sync::{AtomicU8, Condvar, Mutex, MutexGuard, Ordering};
 
@@ -155,14 +156,35 @@ enum LetGo {
 /// file whose transfer the backend never let go of is never closed, so its
 /// descriptor's number is never reused under the backend.
 pub(crate) enum FarSide {
-    // Held for its `Drop` (which lets the peer entry go), never read.
-    Peer(#[expect(dead_code, reason = "held for its Drop")] RemoteLease),
+    /// The peer's lease and the claim on what the transfer may reach: held
+    /// for their `Drop`s (which let the peer entry go, and free memory of
+    /// this process kept for the transfer: `crate::reach`).
+    Peer(RemoteLease, Option<Ticket>),
     Files(Vec<FileSegment>),
 }
 
 impl From<RemoteLease> for FarSide {
     fn from(lease: RemoteLease) -> FarSide {
-        FarSide::Peer(lease)
+        FarSide::Peer(lease, None)
+    }
+}
+
+impl FarSide {
+    /// The backend may touch the far side for good: a file stays open, a
+    /// claim on reached memory is never given up.
+    fn keep_for_good(self) -> Option<FarSide> {
+        match self {
+            FarSide::Files(files) => {
+                std::mem::forget(files);
+                None
+            }
+            FarSide::Peer(lease, ticket) => {
+                if let Some(ticket) = ticket {
+                    ticket.keep_for_good();
+                }
+                Some(FarSide::Peer(lease, None))
+            }
+        }
     }
 }
 
@@ -191,9 +213,9 @@ impl Drop for OpState {
         // Dropped with the backend still holding the transfer (a panic
         // unwound past it): its files stay open, as its memory stays leaked.
         if !matches!(self.pending, Pending::Nothing)
-            && let Some(FarSide::Files(files)) = self.lease.take()
+            && let Some(far) = self.lease.take()
         {
-            std::mem::forget(files);
+            drop(far.keep_for_good());
         }
     }
 }
@@ -245,10 +267,7 @@ impl OpState {
         let lease = self.lease.take();
         // A file the backend may still touch stays open (see `FarSide`).
         let lease = match (&fate, lease) {
-            (Fate::Leak, Some(FarSide::Files(files))) => {
-                std::mem::forget(files);
-                None
-            }
+            (Fate::Leak, Some(far)) => far.keep_for_good(),
             (_, lease) => lease,
         };
         Freed {
