@@ -509,7 +509,7 @@ impl PyConnector {
         let inner = slf.get().inner();
         let op = crate::exit::detach(py, || inner.begin_file_write(local, files))
             .map_err(file_pairing_error)?;
-        Ok(PyOperation::new(AnyOp::Write(op), descriptors))
+        Ok(PyOperation::storage(AnyOp::Write(op), descriptors))
     }
 
     /// READs the file segments into the descriptors, pair by pair (same
@@ -527,6 +527,6 @@ impl PyConnector {
         let inner = slf.get().inner();
         let op = crate::exit::detach(py, || inner.begin_file_read(files, local))
             .map_err(file_pairing_error)?;
-        Ok(PyOperation::new(AnyOp::Read(op), descriptors))
+        Ok(PyOperation::storage(AnyOp::Read(op), descriptors))
     }
 }

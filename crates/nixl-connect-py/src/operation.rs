@@ -171,10 +171,21 @@ pub(crate) struct PyOperation {
     /// The exposed metadata with the sizes its descriptors were lowered to
     /// since (Dynamo's `_data_size`), and those sizes.
     narrowed: Mutex<Option<(Vec<u64>, Arc<RdmaMetadata>)>>,
+    /// A READ or WRITE of files (no peer to blame when it fails).
+    storage: bool,
 }
 
 impl PyOperation {
     pub(crate) fn new(op: AnyOp, descriptors: Vec<Py<PyDescriptor>>) -> PyOperation {
+        PyOperation::with(op, descriptors, false)
+    }
+
+    /// A READ or WRITE of files.
+    pub(crate) fn storage(op: AnyOp, descriptors: Vec<Py<PyDescriptor>>) -> PyOperation {
+        PyOperation::with(op, descriptors, true)
+    }
+
+    fn with(op: AnyOp, descriptors: Vec<Py<PyDescriptor>>, storage: bool) -> PyOperation {
         let exposed = op.metadata().map(|m| Arc::new(m.clone()));
         let loan = Arc::new(Loan {
             op: Mutex::new(Some(Arc::new(op))),
@@ -189,6 +200,7 @@ impl PyOperation {
             loan,
             exposed,
             narrowed: Mutex::new(None),
+            storage,
         }
     }
 
@@ -302,6 +314,10 @@ impl PyOperation {
         match ended {
             Ended::Complete => Ok(OperationStatus::Complete as u8),
             Ended::Cancelled => Ok(OperationStatus::Cancelled as u8),
+            // Dynamo's wording for a peer; a file has no remote agent.
+            Ended::Failed(reason) if self.storage => Err(PyRuntimeError::new_err(format!(
+                "NIXL transfer operation ERRORED: {reason}."
+            ))),
             Ended::Failed(reason) => Err(PyRuntimeError::new_err(format!(
                 "NIXL transfer operation ERRORED: {reason}. The remote agent may have disconnected or its memory may be invalid."
             ))),
