@@ -36,6 +36,7 @@ pub struct NixlBackendBuilder {
     tuning: Tuning,
     log_level: Option<runtime::LogLevel>,
     storage: Storage,
+    cached_reads: bool,
 }
 
 impl NixlBackend {
@@ -60,6 +61,7 @@ impl NixlBackend {
             tuning: Tuning::default(),
             log_level: None,
             storage: Storage::default(),
+            cached_reads: true,
         }
     }
 }
@@ -192,6 +194,18 @@ impl NixlBackendBuilder {
         self
     }
 
+    /// Whether a storage READ into host memory whose bytes are all in the
+    /// page cache is served at once from the cached pages (`preadv2` with
+    /// `RWF_NOWAIT`, which never waits for the disk) instead of through the
+    /// POSIX plugin; a READ any of whose bytes are not cached, of an
+    /// `O_DIRECT` file, or into device memory goes to NIXL whole. On by
+    /// default: a cached 64 KiB READ takes 1.3 µs this way and 3-4 µs
+    /// through the plugin (decision 0015).
+    pub fn cached_reads(mut self, on: bool) -> Self {
+        self.cached_reads = on;
+        self
+    }
+
     /// Loads the runtime (see [`runtime::load`]), creates the agent and its backends.
     pub fn build(self) -> Result<NixlBackend> {
         let plugins = self
@@ -230,13 +244,10 @@ impl NixlBackendBuilder {
         // memory registered with the storage plugin.
         let storage = StorageState::create(agents.initiating(), self.storage);
         tracing::debug!(agent = %self.name, two_agents = agents.two(), notifications = ?agents.notifications, ?plugins, scope = ?self.scope, "created NIXL agents");
-        Ok(NixlBackend::from_agents(
-            self.name,
-            agents,
-            self.scope,
-            self.tuning,
-            storage,
-        ))
+        let mut backend =
+            NixlBackend::from_agents(self.name, agents, self.scope, self.tuning, storage);
+        backend.cached_reads = self.cached_reads;
+        Ok(backend)
     }
 
     /// One NIXL agent called `name`, with the builder's plugins and settings.

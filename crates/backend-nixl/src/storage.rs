@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::sync::Mutex;
 
-use descriptor_core::{Error, FileSpan, OperationKind, Result, TransferRequest};
+use descriptor_core::{DeviceKind, Error, FileSpan, OperationKind, Result, TransferRequest};
 use nixl_sys::{Agent, MemType, RegistrationHandle, XferDescList};
 
 use crate::error::{NAME, nixl_error};
@@ -112,6 +112,8 @@ pub(crate) struct Files(Mutex<HashMap<u64, File>>);
 struct File {
     fd: RawFd,
     writable: bool,
+    /// Opened with `O_DIRECT`: never read through the page cache.
+    direct: bool,
     // Dropping the handle deregisters the file.
     _handle: RegistrationHandle,
 }
@@ -139,6 +141,10 @@ impl Files {
             device: u64::try_from(fd)
                 .map_err(|_| Error::InvalidFile(format!("descriptor {fd}")))?,
         };
+        // SAFETY: F_GETFL reads the flags of a descriptor the caller keeps
+        // open (`register_file`'s contract) and touches no memory.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        let direct = flags < 0 || flags & libc::O_DIRECT != 0;
         let handle = agent
             .register_memory(&range, None)
             .map_err(|e| nixl_error(format!("register file descriptor {fd}"), e))?;
@@ -147,6 +153,7 @@ impl Files {
             File {
                 fd,
                 writable,
+                direct,
                 _handle: handle,
             },
         );
@@ -173,6 +180,30 @@ impl Files {
         request: &TransferRequest<'_>,
         spans: &[FileSpan],
     ) -> Result<(XferDescList<'static>, XferDescList<'static>)> {
+        self.check(state, request, spans)?;
+        let (mem, _) = mem_of(request.local[0].device)?;
+        let mut local =
+            XferDescList::new(mem).map_err(|e| nixl_error("create a transfer list", e))?;
+        let mut files = XferDescList::new(MemType::File)
+            .map_err(|e| nixl_error("create a transfer list", e))?;
+        for run in request.file_runs() {
+            local.add_desc(run.local.addr, run.local.len, mem_of(run.local.device)?.1);
+            let offset = usize::try_from(run.remote.offset)
+                .map_err(|_| Error::InvalidFile(format!("offset {}", run.remote.offset)))?;
+            // The descriptor was checked non-negative at registration.
+            files.add_desc(offset, run.remote.len, run.remote.fd as u64);
+        }
+        Ok((local, files))
+    }
+
+    /// A storage request's spans against the registered files; true if
+    /// every file goes through the page cache (none is `O_DIRECT`).
+    fn check(
+        &self,
+        state: &StorageState,
+        request: &TransferRequest<'_>,
+        spans: &[FileSpan],
+    ) -> Result<bool> {
         state.check()?;
         let context = || format!("{:?} of {} file segments", request.op, spans.len());
         if spans.len() != request.local.len() || spans.is_empty() {
@@ -186,6 +217,7 @@ impl Files {
                 ),
             ));
         }
+        let mut cached = true;
         {
             let files = lock(&self.0);
             for (index, (span, local)) in spans.iter().zip(request.local).enumerate() {
@@ -205,6 +237,7 @@ impl Files {
                 if request.op == OperationKind::Write && !file.writable {
                     return Err(Error::ReadOnlyFile { index });
                 }
+                cached &= !file.direct;
                 if local.len != span.len {
                     return Err(Error::SizeMismatch {
                         index,
@@ -214,18 +247,51 @@ impl Files {
                 }
             }
         }
-        let (mem, _) = mem_of(request.local[0].device)?;
-        let mut local =
-            XferDescList::new(mem).map_err(|e| nixl_error("create a transfer list", e))?;
-        let mut files = XferDescList::new(MemType::File)
-            .map_err(|e| nixl_error("create a transfer list", e))?;
-        for run in request.file_runs() {
-            local.add_desc(run.local.addr, run.local.len, mem_of(run.local.device)?.1);
-            let offset = usize::try_from(run.remote.offset)
-                .map_err(|_| Error::InvalidFile(format!("offset {}", run.remote.offset)))?;
-            // The descriptor was checked non-negative at registration.
-            files.add_desc(offset, run.remote.len, run.remote.fd as u64);
+        Ok(cached)
+    }
+
+    /// A READ of host memory from files that go through the page cache,
+    /// served at once from cached pages (`preadv2` with `RWF_NOWAIT`, which
+    /// never waits for the disk): true if every byte was; false if any run
+    /// was not cached whole (or any call failed), and the request then goes
+    /// to NIXL whole, which writes every byte again.
+    ///
+    /// # Safety
+    ///
+    /// [`RegistrationBackend::post`]'s: the request's local memory is
+    /// writable and the backend's alone until the transfer is let go.
+    ///
+    /// [`RegistrationBackend::post`]: descriptor_core::RegistrationBackend::post
+    pub(crate) unsafe fn read_cached(
+        &self,
+        state: &StorageState,
+        request: &TransferRequest<'_>,
+        spans: &[FileSpan],
+    ) -> Result<bool> {
+        let host = request
+            .local
+            .iter()
+            .all(|l| l.device.kind() == DeviceKind::Host);
+        if request.op != OperationKind::Read || !host || !self.check(state, request, spans)? {
+            return Ok(false);
         }
-        Ok((local, files))
+        for run in request.file_runs() {
+            let Ok(offset) = libc::off_t::try_from(run.remote.offset) else {
+                return Ok(false);
+            };
+            let iov = libc::iovec {
+                iov_base: std::ptr::with_exposed_provenance_mut::<u8>(run.local.addr).cast(),
+                iov_len: run.local.len,
+            };
+            // SAFETY: the run's memory is host memory of registered local
+            // regions, writable and untouched by anything else until the
+            // transfer is let go (our caller's contract); its descriptor is
+            // registered (checked above), so open.
+            let read = unsafe { libc::preadv2(run.remote.fd, &iov, 1, offset, libc::RWF_NOWAIT) };
+            if usize::try_from(read).ok() != Some(run.local.len) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 }
