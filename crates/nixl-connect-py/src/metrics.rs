@@ -72,7 +72,7 @@ fn families(text: &str) -> Vec<Family> {
         } else if let Some(sample) = sample(line) {
             let owned = out
                 .last()
-                .is_some_and(|f| sample.0.strip_prefix(f.name.as_str()).is_some());
+                .is_some_and(|f| sample.0.starts_with(f.name.as_str()));
             if !owned {
                 out.push(Family {
                     name: sample.0.clone(),
