@@ -5,13 +5,15 @@
 //! Everything is installed by these functions, once (a stamp file records
 //! what each virtualenv holds; a change recreates it):
 //! - `target/py-tools` (`python3`): maturin, ziglang and auditwheel, which
-//!   build and check the wheel, and mypy; `target/node-tools`: pyright;
+//!   build and check the wheel, and mypy (with prometheus_client, which the
+//!   package imports where it is installed); `target/node-tools`: pyright;
 //! - `target/wheels`: the wheel (`cargo xtask wheel`): abi3 for CPython 3.10+,
 //!   linked by zig against glibc 2.28 (manylinux_2_28: RHEL 8, Ubuntu 20.04
 //!   and later), checked with `auditwheel show`; it does not link NIXL;
 //! - one test virtualenv per interpreter, `target/py-venv` (3.11, the one the
 //!   benchmark uses) and `target/py3XX-venv`: the wheel pip-installed as a
-//!   user installs it (its dependencies resolved by pip), pytest and NumPy;
+//!   user installs it (its dependencies resolved by pip), pytest, NumPy and
+//!   prometheus_client;
 //!   for 3.11 and 3.12 also the NIXL runtime (`nixl-cu12`, without its torch
 //!   dependency) and NIXL's `nixl` meta-package (Dynamo imports it). pip and
 //!   pytest run there with only the virtualenv on `PATH`: no Rust, compiler
@@ -30,8 +32,15 @@ use crate::shell::{pip, run, run_quiet};
 use crate::{nixl, wheel};
 
 /// What every test virtualenv gets besides the package (pydantic pinned to
-/// the versions tested; the package itself allows `>=2.10,<3`).
-const TEST_REQUIREMENTS: &[&str] = &["pytest>=8", "pydantic>=2.10.6,<=2.13.5", "numpy==2.2.6"];
+/// the versions tested; the package itself allows `>=2.10,<3`;
+/// prometheus_client for `Metrics.register_prometheus`, an optional
+/// dependency of the package).
+const TEST_REQUIREMENTS: &[&str] = &[
+    "pytest>=8",
+    "pydantic>=2.10.6,<=2.13.5",
+    "numpy==2.2.6",
+    "prometheus_client==0.26.0",
+];
 /// The wheel's build and the type checks.
 const TOOLS: &[&str] = &[
     "maturin>=1.9,<2",
@@ -40,6 +49,7 @@ const TOOLS: &[&str] = &[
     "mypy==2.4.1",
     "pydantic>=2.10.6,<=2.13.5",
     "numpy==2.2.6",
+    "prometheus_client==0.26.0",
 ];
 /// pyright, from the npm registry (its PyPI wrapper downloads Node.js itself).
 const PYRIGHT: &str = "pyright@1.1.414";

@@ -11,6 +11,7 @@ use std::time::Duration;
 use backend_loopback::{Fabric, LoopbackBackend};
 use backend_nixl::NixlBackend;
 use descriptor_core::faults::{Faults, Faulty};
+use descriptor_core::metrics::Metered;
 use descriptor_core::{
     Connector, ConnectorBuilder, Descriptor, Error, PeerKeys, QuarantinePolicy, RegistrationBackend,
 };
@@ -24,6 +25,7 @@ use crate::file::PyFileSegment;
 use crate::fork;
 use crate::log;
 use crate::metadata::PyMetadata;
+use crate::metrics::PyMetrics;
 use crate::operation::{AnyOp, PyOperation};
 
 /// Backends a connector can be built over.
@@ -48,6 +50,8 @@ pub(crate) struct PyConnector {
 enum Agent {
     /// NIXL's metadata changes with every registration: asked each time.
     Nixl(Arc<NixlBackend>),
+    /// The same, of a NIXL backend counted into metrics.
+    MeteredNixl(Arc<Metered<NixlBackend>>),
     /// Loopback's blob names the fabric and the agent only: made once.
     Loopback(Vec<u8>),
 }
@@ -238,6 +242,10 @@ impl PyConnector {
     /// environment variable). `peer_keys` (the signing key first) are the
     /// connector's `PeerKeys` (ValueError if one is too short); without them,
     /// the core's `PeerKeys::from_env`.
+    ///
+    /// With `metrics`, the backend is wrapped in `Metered` counting into
+    /// them (loopback's fault injection inside it, so that injected failures
+    /// are counted as the connector sees them); without, it is not wrapped.
     #[pyo3(signature = (
         name,
         backend,
@@ -246,6 +254,8 @@ impl PyConnector {
         quarantine_seconds=None,
         quarantine_readable_bytes=None,
         peer_keys=None,
+        *,
+        metrics=None,
     ))]
     // One parameter per keyword of the Python constructor.
     #[allow(clippy::too_many_arguments)]
@@ -258,6 +268,7 @@ impl PyConnector {
         quarantine_seconds: Option<f64>,
         quarantine_readable_bytes: Option<usize>,
         peer_keys: Option<Vec<Vec<u8>>>,
+        metrics: Option<PyRef<'_, PyMetrics>>,
     ) -> PyResult<PyConnector> {
         let quarantine = quarantine_policy(quarantine_seconds, quarantine_readable_bytes)?;
         let peer_keys = peer_keys
@@ -278,8 +289,11 @@ impl PyConnector {
                 let backend = Faulty::new(backend);
                 faults = Some(backend.faults());
                 wait_assist = backend.wait_assist();
-                let builder = Connector::builder(backend).quarantine(quarantine);
-                with_keys(builder, peer_keys).build()
+                let builder = match &metrics {
+                    Some(m) => Connector::builder(Metered::new(backend, m.inner())),
+                    None => Connector::builder(backend),
+                };
+                with_keys(builder.quarantine(quarantine), peer_keys).build()
             }
             "nixl" => {
                 crate::runtime::load(py, site_packages)?;
@@ -296,10 +310,19 @@ impl PyConnector {
                     .flatten()
                     .find_map(|(key, value)| (key == "ucx_error_handling_mode").then_some(value));
                 wait_assist = backend.wait_assist();
-                let backend = Arc::new(backend);
-                agent = Agent::Nixl(Arc::clone(&backend));
-                let builder = Connector::builder_from_arc(backend).quarantine(quarantine);
-                with_keys(builder, peer_keys).build()
+                let builder = match &metrics {
+                    Some(m) => {
+                        let backend = Arc::new(Metered::new(backend, m.inner()));
+                        agent = Agent::MeteredNixl(Arc::clone(&backend));
+                        Connector::builder_from_arc(backend)
+                    }
+                    None => {
+                        let backend = Arc::new(backend);
+                        agent = Agent::Nixl(Arc::clone(&backend));
+                        Connector::builder_from_arc(backend)
+                    }
+                };
+                with_keys(builder.quarantine(quarantine), peer_keys).build()
             }
             other => {
                 return Err(PyValueError::new_err(format!(
@@ -339,6 +362,9 @@ impl PyConnector {
         let bytes = match &self.agent {
             Agent::Nixl(backend) => {
                 crate::exit::detach(py, || backend.agent_metadata()).map_err(to_py)?
+            }
+            Agent::MeteredNixl(backend) => {
+                crate::exit::detach(py, || backend.inner().agent_metadata()).map_err(to_py)?
             }
             Agent::Loopback(blob) => blob.clone(),
         };

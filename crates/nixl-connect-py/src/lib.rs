@@ -16,6 +16,9 @@
 //! - `file::PyFileSegment`: a part of a file (a path opened, or a
 //!   duplicated fd), the far side of a storage transfer
 //!   (`Connector.begin_file_write` / `begin_file_read`);
+//! - `metrics::PyMetrics`: transfer metrics that connectors made with
+//!   them count into (`Connector(metrics=...)`), as OpenMetrics text or
+//!   parsed families;
 //! - `notifier::Notifier`: completion into asyncio through an
 //!   eventfd the event loop watches, woken by the library's own wakers.
 //!
@@ -34,6 +37,7 @@ mod held;
 mod log;
 mod memory;
 mod metadata;
+mod metrics;
 mod notifier;
 mod operation;
 mod pool;
@@ -49,6 +53,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<file::PyFileSegment>()?;
     m.add_class::<metadata::PyMetadata>()?;
     m.add_class::<metadata::Snapshot>()?;
+    m.add_class::<metrics::PyMetrics>()?;
     m.add_class::<operation::PyOperation>()?;
     m.add_class::<pool::PyRegisteredMemory>()?;
     m.add_class::<notifier::Notifier>()?;

@@ -276,7 +276,7 @@ def test_forged_metadata_is_refused(pair):
 OPERATIONS = {"AbstractOperation", "ActiveOperation", "PassiveOperation", "ReadOperation",
               "WriteOperation", "ReadableOperation", "WritableOperation"}
 PASSIVE = {"AbstractOperation", "PassiveOperation", "ReadableOperation", "WritableOperation"}
-EXTRA_NAMES = {"BlockPool", "FileSegment", "Quarantined", "RegisteredMemory",
+EXTRA_NAMES = {"BlockPool", "FileSegment", "Metrics", "Quarantined", "RegisteredMemory",
                "set_nixl_log_level"}
 EXTRA_MEMBERS = {  # member -> the classes that have it beyond Dynamo
     "wait": OPERATIONS,
@@ -291,6 +291,7 @@ EXTRA_MEMBERS = {  # member -> the classes that have it beyond Dynamo
     "begin_file_read": {"Connector"},
     "quarantined": {"Connector"},
     "free_quarantined": {"Connector"},
+    "metrics": {"Connector"},
     "capacity": {"Descriptor"},
     "is_writable": {"Descriptor"},
     "register_memory": {"Descriptor"},
@@ -298,7 +299,8 @@ EXTRA_MEMBERS = {  # member -> the classes that have it beyond Dynamo
 EXTRA_PARAMETERS = {  # (class, member) -> parameters appended, each with a default
     **{(op, "wait_for_completion"): ["timeout"] for op in OPERATIONS},
     ("Connector", "__init__"): ["backend", "await_spin", "peer_failure_detection",
-                                "quarantine_seconds", "quarantine_readable_bytes", "peer_keys"],
+                                "quarantine_seconds", "quarantine_readable_bytes", "peer_keys",
+                                "metrics"],
 }
 # Dynamo's abstract bases take constructor arguments; here their subclasses
 # build them (their own constructors are Dynamo's).

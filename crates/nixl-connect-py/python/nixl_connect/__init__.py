@@ -27,7 +27,10 @@ Beyond Dynamo, without changing what Dynamo callers see:
   at start-up instead of at the first operation;
 - files as the far side of a transfer (a storage tier): `FileSegment`,
   ``await Connector.begin_file_write(...)`` and
-  ``await Connector.begin_file_read(...)``.
+  ``await Connector.begin_file_read(...)``;
+- transfer metrics: ``Connector(metrics=Metrics())`` counts transfers, bytes,
+  failures and registrations, read as OpenMetrics text, as samples, or
+  through ``prometheus_client`` (`Metrics`).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from typing import (
     TYPE_CHECKING,
     Any,
     Callable,
+    Iterator,
     List,
     NamedTuple,
     Optional,
@@ -77,6 +81,7 @@ __all__ = [
     "Device",
     "DeviceKind",
     "FileSegment",
+    "Metrics",
     "OperationKind",
     "OperationStatus",
     "PassiveOperation",
@@ -1764,12 +1769,148 @@ class Quarantined(NamedTuple):
     """The readables' part of `bytes`."""
 
 
+class Metrics:
+    """Transfer metrics, counted by every `Connector` made with them
+    (``Connector(..., metrics=m)``; several connectors may share one).
+
+    The names, types and labels are those of the Rust core's
+    ``descriptor_core::metrics`` (listed in the package README): every name
+    starts with ``nixl_connect_``; series carry the backend's name
+    (``backend``: ``loopback`` or ``nixl``), and transfers their direction
+    (``op``: ``read`` or ``write``, seen from the agent that posts;
+    ``target``: ``peer`` or ``file``). A connector's series appear, at zero,
+    once its agent exists (on first use, or `Connector.warm_up`).
+
+    Three views of the same figures: `encode_text` (OpenMetrics text, what a
+    Prometheus scrape reads), `samples` and `get_sample_value` (plain Python,
+    no dependency), and `register_prometheus` (a collector on a
+    ``prometheus_client`` registry, when that package is installed).
+    """
+
+    def __init__(self) -> None:
+        self._native = _native.Metrics()
+
+    def __repr__(self) -> str:
+        return "Metrics()"
+
+    def encode_text(self) -> str:
+        """Every metric as OpenMetrics text, ending in ``# EOF``; its content
+        type is ``application/openmetrics-text; version=1.0.0; charset=utf-8``."""
+        return self._native.encode_text()
+
+    def families(self) -> list[tuple[str, str, str, str, list[tuple[str, dict[str, str], float]]]]:
+        """Every metric family, in `encode_text`'s order: ``(name, type,
+        unit, help, samples)``, `type` ``"counter"``, ``"gauge"`` or
+        ``"histogram"``, `unit` ``""`` if none. A family with no series yet
+        (`nixl_connect_transfers_failed` before any failure) is left out."""
+        return self._native.families()
+
+    def samples(self) -> list[tuple[str, dict[str, str], float]]:
+        """Every sample of every family: ``(name, labels, value)``, as
+        `encode_text` has them: a counter's name ends in ``_total``; a
+        histogram's samples are its cumulative ``_bucket``s (labelled ``le``,
+        the upper bound as the text writes it: ``"4.0"``, ``"+Inf"``),
+        ``_sum`` and ``_count``."""
+        return [sample for family in self._native.families() for sample in family[4]]
+
+    def get_sample_value(
+        self, name: str, labels: Optional[dict[str, str]] = None
+    ) -> Optional[float]:
+        """The value of the sample `name` whose labels are exactly `labels`
+        (none if omitted), or None if there is none; as
+        ``prometheus_client.CollectorRegistry.get_sample_value``."""
+        wanted = labels or {}
+        for sample_name, sample_labels, value in self.samples():
+            if sample_name == name and sample_labels == wanted:
+                return value
+        return None
+
+    def register_prometheus(self, registry: Any = None) -> Any:
+        """Registers a collector of these metrics on the ``prometheus_client``
+        `registry` (default ``prometheus_client.REGISTRY``) and returns it:
+        each collection (``generate_latest``, the HTTP exporter) reads the
+        current figures as counter, gauge and histogram families. Register
+        one `Metrics` once per registry (twice is ValueError, duplicated
+        names). ImportError if ``prometheus_client`` is not installed."""
+        try:
+            import prometheus_client
+        except ImportError as e:
+            raise ImportError(
+                "Metrics.register_prometheus needs the `prometheus_client` package "
+                "(pip install prometheus_client); encode_text() and samples() do not."
+            ) from e
+        collector = _PrometheusCollector(self)
+        (prometheus_client.REGISTRY if registry is None else registry).register(collector)
+        return collector
+
+
+class _PrometheusCollector:
+    """A ``prometheus_client`` collector (its ``Collector`` protocol:
+    `collect`, and `describe` for the registry's duplicate check) of one
+    `Metrics`."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Any]:
+        return _prometheus_families(self._metrics.families())
+
+    def describe(self) -> Iterator[Any]:
+        # The names without the figures, known before any connector exists.
+        return _prometheus_families(_native.Metrics.described())
+
+
+def _prometheus_families(
+    families: list[tuple[str, str, str, str, list[tuple[str, dict[str, str], float]]]],
+) -> Iterator[Any]:
+    """`Metrics.families` as ``prometheus_client`` metric families."""
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+        Metric,
+    )
+
+    for name, kind, unit, help_text, samples in families:
+        names = [k for k in samples[0][1] if k != "le"] if samples else []
+        family: Metric
+        if kind == "counter":
+            counter = CounterMetricFamily(name, help_text, labels=names, unit=unit)
+            for sample_name, labels, value in samples:
+                if sample_name == name + "_total":
+                    counter.add_metric([labels[k] for k in names], value)
+            family = counter
+        elif kind == "gauge":
+            gauge = GaugeMetricFamily(name, help_text, labels=names, unit=unit)
+            for _, labels, value in samples:
+                gauge.add_metric([labels[k] for k in names], value)
+            family = gauge
+        elif kind == "histogram":
+            histogram = HistogramMetricFamily(name, help_text, labels=names, unit=unit)
+            # Per series (its labels but `le`): cumulative buckets, and sum.
+            series: dict[tuple[str, ...], tuple[list[tuple[str, float]], list[float]]] = {}
+            for sample_name, labels, value in samples:
+                buckets, total = series.setdefault(tuple(labels[k] for k in names), ([], []))
+                if sample_name == name + "_bucket":
+                    buckets.append((labels["le"], value))
+                elif sample_name == name + "_sum":
+                    total.append(value)
+            for key, (buckets, total) in series.items():
+                histogram.add_metric(list(key), buckets, total[0] if total else 0.0)
+            family = histogram
+        else:
+            family = Metric(name, help_text, kind, unit)
+            for sample_name, labels, value in samples:
+                family.add_sample(sample_name, labels, value)
+        yield family
+
+
 class Connector:
     """Creates the four operations for one worker.
 
     ``Connector(worker_id=None, backend=None, await_spin=None,
     peer_failure_detection=None, quarantine_seconds=None,
-    quarantine_readable_bytes=None)``: `worker_id`
+    quarantine_readable_bytes=None, peer_keys=None, *, metrics=None)``: `worker_id`
     names the worker (a new UUID by default); `backend` is ``"nixl"``
     (default, or ``$NIXL_CONNECT_BACKEND``) or ``"loopback"`` (a process-wide
     in-process fabric, for tests). As with Dynamo, the NIXL agent is created on
@@ -1817,6 +1958,11 @@ class Connector:
     (an HMAC-SHA256 tag) and every blob it is given that none of its keys
     sealed is refused before NIXL sees it; without, blobs are Dynamo's. What
     that protects: the package README.
+
+    `metrics` (keyword only; a `Metrics`): where this connector counts its
+    transfers, bytes, failures and registrations (several connectors may
+    share one). Without (the default), nothing is counted and nothing is
+    paid.
     """
 
     def __init__(
@@ -1828,6 +1974,8 @@ class Connector:
         quarantine_seconds: Optional[float] = None,
         quarantine_readable_bytes: Optional[int] = None,
         peer_keys: Optional[Sequence[Union[bytes, str]]] = None,
+        *,
+        metrics: Optional[Metrics] = None,
     ) -> None:
         worker_id = worker_id if worker_id is not None else uuid.uuid4().hex
         if not isinstance(worker_id, str) or len(worker_id) == 0:
@@ -1878,6 +2026,8 @@ class Connector:
                 keys = [bytes.fromhex(k) if isinstance(k, str) else bytes(k) for k in peer_keys]
             except ValueError:
                 raise ValueError("Argument `peer_keys`: a `str` key is not hex digits.") from None
+        if metrics is not None and not isinstance(metrics, Metrics):
+            raise TypeError("Argument `metrics` must be a `nixl_connect.Metrics` or `None`.")
         if peer_failure_detection is None:
             peer_failure_detection = _flag_from_env("NIXL_CONNECT_PEER_FAILURE_DETECTION", True)
         elif not isinstance(peer_failure_detection, bool):
@@ -1902,6 +2052,7 @@ class Connector:
             quarantine_readable_bytes,
         )
         self._peer_keys = keys
+        self._metrics = metrics
         self._native: Optional[_native.Connector] = None
         self._native_lock = threading.Lock()
         # Dynamo's names: a subclass may read or replace them (Dynamo's
@@ -1923,6 +2074,7 @@ class Connector:
                         self._peer_failure_detection,
                         *self._quarantine,
                         self._peer_keys,
+                        metrics=None if self._metrics is None else self._metrics._native,
                     )
                     if self._await_spin is None:
                         self._await_spin = min(native.wait_assist, AWAIT_SPIN_CAP)
@@ -1989,6 +2141,11 @@ class Connector:
         if self._await_spin is None:
             self._native_connector()
         return cast(float, self._await_spin)
+
+    @property
+    def metrics(self) -> Optional[Metrics]:
+        """The `Metrics` this connector counts into, or None."""
+        return self._metrics
 
     @property
     def peer_failure_detection(self) -> bool:

@@ -16,6 +16,7 @@ __all__ = [
     "Descriptor",
     "FileSegment",
     "Metadata",
+    "Metrics",
     "Snapshot",
     "Operation",
     "Notifier",
@@ -81,11 +82,14 @@ class Connector:
         quarantine_seconds: float | None = None,
         quarantine_readable_bytes: int | None = None,
         peer_keys: Sequence[bytes] | None = None,
+        *,
+        metrics: Metrics | None = None,
     ) -> Connector:
         """`backend` is ``"nixl"`` or ``"loopback"``; NIXL's runtime is looked
         for first in `site_packages` (by default ``nixl_connect._search_paths()``).
         The quarantine settings not given are the environment's (ValueError
-        if invalid), else the defaults."""
+        if invalid), else the defaults. With `metrics`, the backend is
+        counted into them (``Metered``); without, it is not wrapped."""
 
     def quarantined(self) -> tuple[int, int, int]:
         """What the quarantine keeps: ``(exposures, bytes, readable_bytes)``."""
@@ -398,6 +402,25 @@ class Snapshot:
 
     def holds(self, model: object) -> bool:
         """Whether `model` holds exactly what it held then."""
+
+@final
+class Metrics:
+    """Transfer metrics (``descriptor_core::metrics::Metrics``) that
+    connectors made with them count into."""
+
+    def __new__(cls) -> Metrics: ...
+    def encode_text(self) -> str:
+        """Every metric as OpenMetrics text, ending in ``# EOF``."""
+
+    def families(
+        self,
+    ) -> list[tuple[str, str, str, str, list[tuple[str, dict[str, str], float]]]]:
+        """``(name, type, unit, help, samples)`` per family of `encode_text`,
+        each sample ``(name, labels, value)``."""
+
+    @staticmethod
+    def described() -> list[tuple[str, str, str, str, list[tuple[str, dict[str, str], float]]]]:
+        """The families a metered backend adds, without samples."""
 
 @final
 class Operation:
