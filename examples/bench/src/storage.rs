@@ -366,21 +366,36 @@ impl NixlDescriptor for WholeFile {
     }
 }
 
+/// A size's file, its runs of neighbouring blocks and page-aligned memory:
+/// what the plain-syscall movers work on.
+struct Staged {
+    blocks: Blocks,
+    runs: Vec<(usize, u64, usize)>,
+    memory: PageBuf,
+}
+
+impl Staged {
+    fn new(shape: &Shape, op: Op, block: usize, n: usize) -> Res<Staged> {
+        let blocks = shape.prepare(op, block, n)?;
+        Ok(Staged {
+            runs: runs(&blocks),
+            blocks,
+            memory: PageBuf::new(block * n, block, op == Op::Write)?,
+        })
+    }
+}
+
 /// `file-plain*`: `pread`/`pwrite`, one call per run of neighbouring blocks.
 struct Plain {
     shape: Shape,
-    blocks: Option<Blocks>,
-    runs: Vec<(usize, u64, usize)>,
-    memory: Option<PageBuf>,
+    staged: Option<Staged>,
 }
 
 impl Plain {
     fn new(shape: Shape) -> Plain {
         Plain {
             shape,
-            blocks: None,
-            runs: Vec::new(),
-            memory: None,
+            staged: None,
         }
     }
 }
@@ -390,19 +405,21 @@ impl Mover for Plain {
         self.shape.name
     }
     fn prepare(&mut self, op: Op, block: usize, n: usize) -> Res<()> {
-        let blocks = self.shape.prepare(op, block, n)?;
-        self.runs = runs(&blocks);
-        self.blocks = Some(blocks);
-        self.memory = Some(PageBuf::new(block * n, block, op == Op::Write)?);
+        self.staged = Some(Staged::new(&self.shape, op, block, n)?);
         Ok(())
     }
     fn run(&mut self, op: Op) -> Res<Duration> {
-        let (Some(blocks), Some(memory)) = (&self.blocks, &mut self.memory) else {
+        let Some(Staged {
+            blocks,
+            runs,
+            memory,
+        }) = &mut self.staged
+        else {
             return Err("not prepared".into());
         };
         let started = Instant::now();
         let memory = memory.as_mut_slice();
-        for &(at, offset, len) in &self.runs {
+        for &(at, offset, len) in &*runs {
             let range = at..at + len;
             let done = match op {
                 Op::Write => blocks.file.write_all_at(&memory[range], offset),
@@ -413,10 +430,9 @@ impl Mover for Plain {
         Ok(started.elapsed())
     }
     fn verify(&self, op: Op) -> bool {
-        match (&self.blocks, &self.memory) {
-            (Some(blocks), Some(memory)) => self.shape.verify(op, blocks, memory.as_slice()),
-            _ => false,
-        }
+        self.staged
+            .as_ref()
+            .is_some_and(|s| self.shape.verify(op, &s.blocks, s.memory.as_slice()))
     }
 }
 
@@ -449,9 +465,7 @@ const URING_DEPTH: u32 = 64;
 struct Uring {
     shape: Shape,
     ring: io_uring::IoUring,
-    blocks: Option<Blocks>,
-    runs: Vec<(usize, u64, usize)>,
-    memory: Option<PageBuf>,
+    staged: Option<Staged>,
 }
 
 impl Uring {
@@ -460,9 +474,7 @@ impl Uring {
         Ok(Uring {
             shape,
             ring,
-            blocks: None,
-            runs: Vec::new(),
-            memory: None,
+            staged: None,
         })
     }
 }
@@ -472,15 +484,17 @@ impl Mover for Uring {
         self.shape.name
     }
     fn prepare(&mut self, op: Op, block: usize, n: usize) -> Res<()> {
-        let blocks = self.shape.prepare(op, block, n)?;
-        self.runs = runs(&blocks);
-        self.blocks = Some(blocks);
-        self.memory = Some(PageBuf::new(block * n, block, op == Op::Write)?);
+        self.staged = Some(Staged::new(&self.shape, op, block, n)?);
         Ok(())
     }
     fn run(&mut self, op: Op) -> Res<Duration> {
         use io_uring::{opcode, types};
-        let (Some(blocks), Some(memory)) = (&self.blocks, &mut self.memory) else {
+        let Some(Staged {
+            blocks,
+            runs,
+            memory,
+        }) = &mut self.staged
+        else {
             return Err("not prepared".into());
         };
         let started = Instant::now();
@@ -488,8 +502,8 @@ impl Mover for Uring {
         let base = memory.as_mut_slice().as_mut_ptr();
         let (mut next, mut in_flight, mut failed) = (0, 0u32, None::<String>);
         loop {
-            while failed.is_none() && next < self.runs.len() && in_flight < URING_DEPTH {
-                let (at, offset, len) = self.runs[next];
+            while failed.is_none() && next < runs.len() && in_flight < URING_DEPTH {
+                let (at, offset, len) = runs[next];
                 let Ok(len32) = u32::try_from(len) else {
                     failed = Some(format!("a run of {len} bytes"));
                     break;
@@ -535,10 +549,9 @@ impl Mover for Uring {
         }
     }
     fn verify(&self, op: Op) -> bool {
-        match (&self.blocks, &self.memory) {
-            (Some(blocks), Some(memory)) => self.shape.verify(op, blocks, memory.as_slice()),
-            _ => false,
-        }
+        self.staged
+            .as_ref()
+            .is_some_and(|s| self.shape.verify(op, &s.blocks, s.memory.as_slice()))
     }
 }
 
