@@ -227,6 +227,13 @@ impl NixlBackend {
     pub fn warm_up(&self, peer: &str) -> Result<()> {
         self.peers.warm_up(&self.live.agents, peer)
     }
+
+    /// How many peers the connector unloaded that NIXL still holds, parked
+    /// so that loading them again costs no new UCX endpoint (at most
+    /// [`Tuning::parked_peers`]; why: that field's docs).
+    pub fn parked_peers(&self) -> usize {
+        self.peers.parked()
+    }
 }
 
 impl RegistrationBackend for NixlBackend {
@@ -366,7 +373,7 @@ impl RegistrationBackend for NixlBackend {
     /// under a new NIXL name.
     fn load_remote(&self, agent_metadata: &[u8]) -> Result<String> {
         let md = AgentMetadata::parse(agent_metadata).map_err(malformed)?;
-        self.peers.load(&self.live.agents, &md)?;
+        self.peers.load(&self.live, &md)?;
         Ok(md.name)
     }
 
@@ -378,7 +385,7 @@ impl RegistrationBackend for NixlBackend {
 
     /// Unloads every name NIXL knows the peer by (its earlier ones too).
     fn unload_remote(&self, peer: &str) -> Result<()> {
-        self.peers.unload(&self.live.agents, peer)
+        self.peers.unload(&self.live, peer)
     }
 
     unsafe fn post(&self, request: &TransferRequest<'_>) -> Result<Posted> {

@@ -35,6 +35,7 @@ use std::time::Duration;
 /// | [`progress_thread_delay`](Self::progress_thread_delay) | 100 ms | NIXL's thread wakes on traffic: the delay sets only the idle cost |
 /// | [`unreachable_for`](Self::unreachable_for) | 60 s | a dead peer retried leaks two sockets per attempt in UCX |
 /// | [`compact_peers_above`](Self::compact_peers_above) | 262,144 regions | bounds a long-lived peer's memory; each compaction leaks file descriptors in NIXL 1.5.1 |
+/// | [`parked_peers`](Self::parked_peers) | 64 | a live peer unloaded leaks two sockets in NIXL 1.5.1; one kept loaded costs only its regions |
 #[non_exhaustive]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tuning {
@@ -97,6 +98,17 @@ pub struct Tuning {
     /// 4,096. Why the default, with the soak's numbers:
     /// docs/decisions/0013-peer-record-compaction.md.
     pub compact_peers_above: usize,
+    /// Peers the connector unloaded (idle ones over its cap, or all idle
+    /// ones on request) that NIXL keeps loaded all the same, the last
+    /// unloaded kept: loading one again costs no new endpoint. NIXL 1.5.1
+    /// closes an unloaded peer's endpoints without force, and UCX destroys
+    /// them only once the connection breaks, so each unload of a peer that
+    /// is alive leaves two sockets open until that peer exits (NIXL issue
+    /// 2025). A parked peer costs what NIXL holds for it (its regions and
+    /// endpoints); a parked peer restarted under its name is unloaded when
+    /// its new incarnation is loaded. 0 unloads at once, as before. Why
+    /// the default: docs/decisions/0017-peer-churn.md.
+    pub parked_peers: usize,
 }
 
 impl Default for Tuning {
@@ -112,6 +124,7 @@ impl Default for Tuning {
             progress_thread_delay: Duration::from_millis(100),
             unreachable_for: Duration::from_secs(60),
             compact_peers_above: 1 << 18,
+            parked_peers: 64,
         }
     }
 }

@@ -17,6 +17,7 @@
 //! thread polls ([`Asker::Waiter`]) is left to that thread. Why each number: docs/decisions/0002-watcher-thread.md.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError, TryLockError};
 use std::time::Instant;
 
@@ -85,6 +86,9 @@ pub(crate) struct Live {
     pub(crate) transfers: Mutex<HashMap<u64, Transfer>>,
     /// Notifications the watcher collected, for `drain_notifications`.
     inbox: Mutex<Vec<Notification>>,
+    /// Notifications collected outside the watcher ([`Live::progress`])
+    /// that the hook was not told of yet: the watcher's next pass tells it.
+    unannounced: AtomicBool,
     agenda: Mutex<Agenda>,
     wake: Condvar,
     hook: OnceLock<EventHook>,
@@ -97,6 +101,7 @@ impl Live {
             tuning,
             transfers: Mutex::new(HashMap::new()),
             inbox: Mutex::new(Vec::new()),
+            unannounced: AtomicBool::new(false),
             agenda: Mutex::new(Agenda::default()),
             wake: Condvar::new(),
             hook: OnceLock::new(),
@@ -166,6 +171,50 @@ impl Live {
         }
         lock(&self.inbox).extend(arrived);
         Ok(true)
+    }
+
+    /// Makes the agent that loads peers progress once, before a peer is
+    /// unloaded, so that UCX sees a connection the peer closed (it exited)
+    /// and closes its endpoint with force. Unloaded while UCX still thinks
+    /// it connected, the endpoint is closed without force and never
+    /// destroyed: its two sockets stay open, in CLOSE-WAIT, for the life of
+    /// this process (NIXL 1.5.1; NIXL issue 2025), and a peer restarted
+    /// under its name would leak them per restart. With NIXL's progress
+    /// thread the initiating agent runs without it, and progresses only
+    /// while a transfer of its own is asked about. The cost: one
+    /// `get_notifs` (a pass over UCX's worker) per unload.
+    pub(crate) fn progress(&self) {
+        if !self.agents.two() {
+            // The one agent is the serving one: what it collects is kept,
+            // and the hook told by the watcher's next pass.
+            match self.collect_notifications() {
+                Ok(true) => {
+                    self.unannounced.store(true, Ordering::Release);
+                    self.kick(Kick::Transfer);
+                }
+                Ok(false) => {}
+                Err(error) => {
+                    tracing::debug!(%error, "progressing the agent before an unload failed")
+                }
+            }
+            return;
+        }
+        let asked = NotificationMap::new().and_then(|mut map| {
+            self.agents.initiating().get_notifications(&mut map, None)?;
+            Ok(map.agents().count())
+        });
+        match asked {
+            Ok(0) => {}
+            // No peer is told the initiating agent's name (it is in no
+            // metadata this backend publishes): nothing to deliver.
+            Ok(senders) => tracing::warn!(
+                senders,
+                "the initiating agent received notifications: dropped"
+            ),
+            Err(error) => {
+                tracing::debug!(%error, "progressing the initiating agent before an unload failed")
+            }
+        }
     }
 
     /// Checks every unfinished transfer: whether any ended, and what is
@@ -240,11 +289,12 @@ impl Live {
                 agenda.exposures
             };
             let (ended, in_flight) = self.check_transfers();
-            let notified = exposures > 0
+            let notified = (exposures > 0
                 && self.collect_notifications().unwrap_or_else(|error| {
                     tracing::warn!(%error, "getting NIXL notifications failed");
                     false
-                });
+                }))
+                | self.unannounced.swap(false, Ordering::AcqRel);
             if ended || notified {
                 // No lock of ours is held: the hook may call straight back in.
                 if let Some(hook) = self.hook.get() {

@@ -7,6 +7,7 @@
 //! across it, NIXL's calls included: each is planned against what NIXL
 //! holds, which another would change midway. Transfers do not take it.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -23,6 +24,7 @@ use crate::spans::Spans;
 use crate::sync::lock;
 use crate::tuning::Tuning;
 use crate::unreachable::Unreachable;
+use crate::watcher::Live;
 
 /// How long [`NixlBackend::warm_up`] waits for its one-byte READ.
 ///
@@ -47,6 +49,12 @@ pub(crate) struct PeerLoader {
     loading: Mutex<()>,
     /// Peers' connection infos UCX could not connect to, lately.
     unreachable: Mutex<Unreachable>,
+    /// Peers the connector unloaded that NIXL still holds, the longest
+    /// unloaded first, at most [`Tuning::parked_peers`] (see
+    /// [`PeerLoader::unload`]).
+    parked: Mutex<VecDeque<String>>,
+    /// [`Tuning::parked_peers`].
+    park: usize,
 }
 
 impl PeerLoader {
@@ -62,18 +70,68 @@ impl PeerLoader {
             record: Mutex::new(Peers::new(tuning.compact_peers_above)),
             loading: Mutex::new(()),
             unreachable: Mutex::new(Unreachable::new(tuning.unreachable_for)),
+            parked: Mutex::new(VecDeque::new()),
+            park: tuning.parked_peers,
         }
     }
 
-    /// Loads a peer's checked metadata into `agents`.
-    pub(crate) fn load(&self, agents: &Agents, md: &AgentMetadata) -> Result<()> {
-        Loading::begin(self, agents).load_peer(md)
+    /// Loads a peer's checked metadata into `live`'s agents. A parked peer
+    /// of that name ([`PeerLoader::unload`]) is taken back: as it was if
+    /// the blob is of the same incarnation (the same connection info), else
+    /// unloaded first, once UCX had a look at its connection.
+    pub(crate) fn load(&self, live: &Live, md: &AgentMetadata) -> Result<()> {
+        let loading = Loading::begin(self, &live.agents);
+        let was_parked = {
+            let mut parked = lock(&self.parked);
+            let at = parked.iter().position(|p| *p == md.name);
+            at.and_then(|at| parked.remove(at)).is_some()
+        };
+        if was_parked && !loading.record().same_incarnation(md) {
+            live.progress();
+            if let Err(error) = loading.unload_peer(&md.name) {
+                tracing::debug!(peer = %md.name, %error, "unloading the parked earlier incarnation of the peer failed");
+            }
+        }
+        loading.load_peer(md)
     }
 
-    /// Unloads every name NIXL knows the peer by (its earlier ones too)
-    /// from `agents`.
-    pub(crate) fn unload(&self, agents: &Agents, peer: &str) -> Result<()> {
-        Loading::begin(self, agents).unload_peer(peer)
+    /// Unloads the peer: every name NIXL knows it by (its earlier ones too)
+    /// is unloaded from `live`'s agents, or, with [`Tuning::parked_peers`]
+    /// above 0, the peer is parked: NIXL keeps it (its regions and its
+    /// endpoints) while it is one of the last this many peers unloaded, so
+    /// that loading it again costs no new endpoint. Why: NIXL 1.5.1 closes
+    /// the endpoints of an unloaded peer without force, and UCX destroys
+    /// them only once the connection breaks: unloading a peer that is
+    /// alive leaves two sockets open until it exits, per unload (NIXL
+    /// issue 2025). UCX looks at the connections first ([`Live::progress`]),
+    /// so that those of peers that exited are closed with force.
+    pub(crate) fn unload(&self, live: &Live, peer: &str) -> Result<()> {
+        live.progress();
+        let loading = Loading::begin(self, &live.agents);
+        if self.park == 0 || !loading.record().loaded(peer) {
+            return loading.unload_peer(peer);
+        }
+        let evicted = {
+            let mut parked = lock(&self.parked);
+            parked.retain(|p| p != peer);
+            parked.push_back(peer.to_owned());
+            if parked.len() > self.park {
+                parked.pop_front()
+            } else {
+                None
+            }
+        };
+        if let Some(oldest) = evicted
+            && let Err(error) = loading.unload_peer(&oldest)
+        {
+            tracing::debug!(peer = %oldest, %error, "unloading the longest parked peer failed");
+        }
+        Ok(())
+    }
+
+    /// How many peers are parked ([`PeerLoader::unload`]).
+    pub(crate) fn parked(&self) -> usize {
+        lock(&self.parked).len()
     }
 
     /// A transfer to `peer` is about to be created: the NIXL name to post it

@@ -329,11 +329,18 @@ impl Peers {
             nixl_name: peer.nixl_name.clone(),
         };
         // Other connection info: another incarnation of the peer. NIXL
-        // refuses it before it reads the regions, and keeps what it had.
+        // would refuse it (NIXL_ERR_NOT_ALLOWED, logged as an error) before
+        // it reads the regions, and keep what it had: refused here alike.
         let mut new_conns = Vec::new();
         for conn in &md.conns {
             match peer.conns.iter().find(|c| c.backend == conn.backend) {
-                Some(known) if known.info != conn.info => return Ok(merge),
+                Some(known) if known.info != conn.info => {
+                    return Err(format!(
+                        "another incarnation of peer {:?} (other connection info) is loaded; \
+                         the new one is loaded once the old one is unloaded (it is, once idle)",
+                        md.name
+                    ));
+                }
                 Some(_) => {}
                 None => new_conns.push(conn.clone()),
             }
@@ -376,6 +383,24 @@ impl Peers {
             md: renamed_md(md, peer, new_conns, peer.compact),
             nixl_name,
             compacting: false,
+        })
+    }
+
+    /// Whether NIXL holds `peer` under its NIXL name.
+    pub(crate) fn loaded(&self, peer: &str) -> bool {
+        self.peers.get(peer).is_some_and(|p| p.loaded)
+    }
+
+    /// Whether NIXL holds `md`'s peer with `md`'s connection info (the same
+    /// incarnation), or nothing for it.
+    pub(crate) fn same_incarnation(&self, md: &AgentMetadata) -> bool {
+        let Some(peer) = self.peers.get(&md.name).filter(|p| p.loaded) else {
+            return true;
+        };
+        md.conns.iter().all(|conn| {
+            peer.conns
+                .iter()
+                .all(|known| known.backend != conn.backend || known.info == conn.info)
         })
     }
 
@@ -568,9 +593,11 @@ mod tests {
         assert_eq!(peers.plan(&a, OWN), Ok(Plan::Loaded));
         let more = md("p", 1, &[(0x1000, 7), (0x2000, 8)]);
         assert_eq!(peers.plan(&more, OWN), Ok(merge("p")));
-        // Another incarnation (other connection info) goes to NIXL, which
-        // refuses it and keeps what it had.
-        assert_eq!(peers.plan(&md("p", 2, &[(0x1000, 9)]), OWN), Ok(merge("p")));
+        // Another incarnation (other connection info) is refused, as NIXL
+        // would, and what NIXL holds is kept.
+        let refused = peers.plan(&md("p", 2, &[(0x1000, 9)]), OWN).unwrap_err();
+        assert!(refused.contains("another incarnation"), "{refused}");
+        assert_eq!(peers.plan(&a, OWN), Ok(Plan::Loaded));
         assert_eq!(peers.nixl_name("p"), Some("p"));
     }
 
