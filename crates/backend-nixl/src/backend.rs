@@ -65,6 +65,9 @@ pub struct NixlBackend {
     /// READs served from the page cache when all cached
     /// ([`NixlBackendBuilder::cached_reads`](crate::NixlBackendBuilder::cached_reads)).
     pub(crate) cached_reads: bool,
+    /// Storage WRITEs into the page cache made at post
+    /// ([`NixlBackendBuilder::buffered_writes`](crate::NixlBackendBuilder::buffered_writes)).
+    pub(crate) buffered_writes: bool,
 }
 
 impl std::fmt::Debug for NixlBackend {
@@ -96,6 +99,7 @@ impl NixlBackend {
             storage,
             files: Files::default(),
             cached_reads: true,
+            buffered_writes: true,
         }
     }
 
@@ -130,8 +134,22 @@ impl NixlBackend {
                 spans.len()
             )
         };
-        // SAFETY: our caller's contract is `post`'s, which `read_cached` needs.
-        if self.cached_reads && unsafe { self.files.read_cached(&self.storage, request, spans) }? {
+        // Served at post from (or into) the page cache where it can be.
+        let done_at_post = match request.op {
+            OperationKind::Read => {
+                self.cached_reads
+                    // SAFETY: our caller's contract is `post`'s, which
+                    // `read_cached` needs.
+                    && unsafe { self.files.read_cached(&self.storage, request, spans) }?
+            }
+            OperationKind::Write => {
+                self.buffered_writes
+                    // SAFETY: our caller's contract is `post`'s, which
+                    // `write_buffered` needs.
+                    && unsafe { self.files.write_buffered(&self.storage, request, spans) }?
+            }
+        };
+        if done_at_post {
             // Nothing of NIXL's holds the memory: released at once
             // (`release` lets an unknown transfer go).
             return Ok(Posted {

@@ -37,6 +37,7 @@ pub struct NixlBackendBuilder {
     log_level: Option<runtime::LogLevel>,
     storage: Storage,
     cached_reads: bool,
+    buffered_writes: bool,
 }
 
 impl NixlBackend {
@@ -62,6 +63,7 @@ impl NixlBackend {
             log_level: None,
             storage: Storage::default(),
             cached_reads: true,
+            buffered_writes: true,
         }
     }
 }
@@ -206,6 +208,21 @@ impl NixlBackendBuilder {
         self
     }
 
+    /// Whether a storage WRITE of host memory into files that go through
+    /// the page cache is made at post with `pwrite` instead of through the
+    /// POSIX plugin, when that runs over AIO ([`Storage::PosixAio`], the
+    /// default): AIO writes such a file inside NIXL's post anyway, so the
+    /// post takes as long either way, less NIXL's own cost. A WRITE of an
+    /// `O_DIRECT` file or of device memory, over io_uring, or one a call
+    /// fails (ENOSPC, EIO) goes to NIXL whole, which reports the failure.
+    /// On by default: measured in decision 0015.
+    ///
+    /// [`Storage::PosixAio`]: crate::Storage::PosixAio
+    pub fn buffered_writes(mut self, on: bool) -> Self {
+        self.buffered_writes = on;
+        self
+    }
+
     /// Loads the runtime (see [`runtime::load`]), creates the agent and its backends.
     pub fn build(self) -> Result<NixlBackend> {
         let plugins = self
@@ -247,6 +264,7 @@ impl NixlBackendBuilder {
         let mut backend =
             NixlBackend::from_agents(self.name, agents, self.scope, self.tuning, storage);
         backend.cached_reads = self.cached_reads;
+        backend.buffered_writes = self.buffered_writes;
         Ok(backend)
     }
 

@@ -294,4 +294,80 @@ impl Files {
         }
         Ok(true)
     }
+
+    /// A WRITE of host memory into files that go through the page cache,
+    /// made at once with `pwrite`, when the plugin is NIXL's over AIO: true
+    /// if every byte was written. Linux AIO writes a buffered file inside
+    /// `io_submit`, so NIXL's post of such a WRITE returns only once the
+    /// bytes are in the page cache too (measured: a 64 MiB WRITE's post took
+    /// all of its 12 ms); this takes the same time, less NIXL's own. False
+    /// if the request does not qualify (an `O_DIRECT` file, device memory,
+    /// io_uring, which writes asynchronously) or any call failed (ENOSPC,
+    /// EIO): the request then goes to NIXL whole, which writes every byte
+    /// again and reports the failure. Each byte of the file is old or new
+    /// whatever happens, as through NIXL.
+    ///
+    /// # Safety
+    ///
+    /// [`RegistrationBackend::post`]'s: the request's local memory is
+    /// readable and unchanged until the transfer is let go.
+    ///
+    /// [`RegistrationBackend::post`]: descriptor_core::RegistrationBackend::post
+    pub(crate) unsafe fn write_buffered(
+        &self,
+        state: &StorageState,
+        request: &TransferRequest<'_>,
+        spans: &[FileSpan],
+    ) -> Result<bool> {
+        let host = request
+            .local
+            .iter()
+            .all(|l| l.device.kind() == DeviceKind::Host);
+        let aio = matches!(state, StorageState::On(Storage::PosixAio));
+        if request.op != OperationKind::Write
+            || !host
+            || !aio
+            || !self.check(state, request, spans)?
+        {
+            return Ok(false);
+        }
+        for run in request.file_runs() {
+            let Ok(mut offset) = libc::off_t::try_from(run.remote.offset) else {
+                return Ok(false);
+            };
+            let mut from = run.local.addr;
+            let mut left = run.local.len;
+            while left > 0 {
+                // SAFETY: the run's memory is host memory of registered
+                // local regions, readable and unchanged until the transfer
+                // is let go (our caller's contract); its descriptor is
+                // registered (checked above), so open.
+                let wrote = unsafe {
+                    libc::pwrite(
+                        run.remote.fd,
+                        std::ptr::with_exposed_provenance::<u8>(from).cast(),
+                        left,
+                        offset,
+                    )
+                };
+                if wrote < 0 {
+                    if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                        continue;
+                    }
+                    return Ok(false);
+                }
+                let (Ok(n), Ok(advance)) = (usize::try_from(wrote), libc::off_t::try_from(wrote))
+                else {
+                    return Ok(false);
+                };
+                if n == 0 {
+                    return Ok(false);
+                }
+                from += n;
+                left -= n;
+                offset += advance;
+            }
+        }
+        Ok(true)
+    }
 }
