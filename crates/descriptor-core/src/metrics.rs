@@ -77,29 +77,37 @@
 //!
 //! # Cost
 //!
-//! Per transfer, a few atomic additions, two histogram observations (a short
-//! lock each, inside `prometheus_client`), two clock reads, and for a
-//! transfer that does not end inside `post`, an insertion into and a removal
-//! from a sharded map. `cargo xtask bench` measures the 4 KiB loopback round
-//! trip with and without [`Metered`] (`loopback/4KiB_readable_read_roundtrip`
-//! and its `_metered` row).
+//! Per transfer, two reads of the CPU's time-stamp counter (where it is
+//! invariant; else of the monotonic clock) and about ten additions, each a
+//! plain load and store: the counts on a transfer's path are kept per
+//! thread, in lines only that thread writes, and added up when encoded (up
+//! to 64 threads at once; more share one line, with atomic additions). No
+//! lock is taken, but for a transfer that does not end inside `post`: its
+//! post time goes into a sharded map until its end is seen or it is
+//! released (one short lock each). `cargo xtask bench` measures the 4 KiB
+//! round trip bare and with [`Metered`] on both sides, in interleaved
+//! batches, on loopback and on NIXL (the `metrics cost` rows and targets;
+//! `bench --metrics-only` runs just those), and criterion the loopback one
+//! (`loopback/4KiB_readable_read_roundtrip` and its `_metered` row).
 //!
 //! [`Faulty`]: crate::faults::Faulty
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::BorrowedFd;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::Duration;
 
 use prometheus_client::encoding::text::encode;
-use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::exemplar::Exemplar;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Registry, Unit};
+use quanta::Clock;
+
+mod tally;
+
+use tally::{Buckets, Shard, Tally};
 
 use crate::backend::{
     EventHook, Exposed, Exposure, ExposureId, Notification, Posted, RegionId, RegistrationBackend,
@@ -110,6 +118,16 @@ use crate::metadata::OperationKind;
 
 /// The prefix of every metric's name.
 pub const PREFIX: &str = "nixl_connect";
+
+/// The clock transfers are timed with: the CPU's time-stamp counter where
+/// it is invariant (`quanta` checks, and calibrates it against the
+/// monotonic clock, once per process: 10-200 ms, in the first
+/// [`Metered::new`]), else the monotonic clock. A read of the counter costs
+/// about a third of a read of [`std::time::Instant`] (decision 0016).
+fn clock() -> &'static Clock {
+    static CLOCK: OnceLock<Clock> = OnceLock::new();
+    CLOCK.get_or_init(Clock::new)
+}
 
 /// The values of the `reason` label of `nixl_connect_transfers_failed_total`:
 ///
@@ -163,95 +181,17 @@ fn descriptor_histogram() -> Buckets {
     Buckets::new(DESCRIPTOR_BUCKETS, 1.0)
 }
 
-/// A histogram whose observation is two relaxed atomic additions (an
-/// integer value: nanoseconds, descriptors), where `prometheus_client`'s
-/// [`Histogram`](prometheus_client::metrics::histogram::Histogram) takes a
-/// lock: this one is on every transfer's path. Clones share the counts.
-#[derive(Clone, Debug)]
-struct Buckets {
-    shared: Arc<BucketsInner>,
-}
-
-#[derive(Debug)]
-struct BucketsInner {
-    /// Upper bounds as encoded (in the metric's unit).
-    bounds: &'static [f64],
-    /// The same in observed units, rounded.
-    upper: Box<[u64]>,
-    /// Observations per bucket (not cumulative), the last one `+Inf`'s.
-    counts: Box<[AtomicU64]>,
-    /// Sum of the observations, in observed units.
-    sum: AtomicU64,
-    /// The metric's unit per observed unit.
-    scale: f64,
-}
-
-impl Buckets {
-    fn new(bounds: &'static [f64], scale: f64) -> Buckets {
-        Buckets {
-            shared: Arc::new(BucketsInner {
-                bounds,
-                upper: bounds.iter().map(|b| (b / scale).round() as u64).collect(),
-                counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
-                sum: AtomicU64::new(0),
-                scale,
-            }),
-        }
-    }
-
-    fn observe(&self, value: u64) {
-        let h = &*self.shared;
-        // The first bucket whose bound is at least `value`, or `+Inf`.
-        let bucket = h.upper.partition_point(|&upper| upper < value);
-        if let Some(count) = h.counts.get(bucket) {
-            count.fetch_add(1, Ordering::Relaxed);
-        }
-        h.sum.fetch_add(value, Ordering::Relaxed);
-    }
-}
-
-impl TypedMetric for Buckets {
-    const TYPE: MetricType = MetricType::Histogram;
-}
-
-impl EncodeMetric for Buckets {
-    fn encode(&self, mut encoder: MetricEncoder<'_>) -> std::result::Result<(), std::fmt::Error> {
-        let h = &*self.shared;
-        let buckets: Vec<(f64, u64)> = h
-            .bounds
-            .iter()
-            .copied()
-            .chain(std::iter::once(f64::INFINITY))
-            .zip(h.counts.iter().map(|c| c.load(Ordering::Relaxed)))
-            .collect();
-        // The count is the buckets' total, so that a scrape in the middle
-        // of an observation is consistent in itself.
-        let count = buckets.iter().map(|(_, n)| n).sum();
-        let sum = h.sum.load(Ordering::Relaxed) as f64 * h.scale;
-        encoder.encode_histogram(
-            sum,
-            count,
-            &buckets,
-            None::<&HashMap<usize, Exemplar<NoLabelSet, f64>>>,
-        )
-    }
-
-    fn metric_type(&self) -> MetricType {
-        Self::TYPE
-    }
-}
-
 /// The metric families, shared by every clone of a [`Metrics`].
 struct Families {
     /// Holds the families below, under [`PREFIX`].
     registry: Registry,
-    posted: Family<Labels<3>, Counter>,
-    completed: Family<Labels<3>, Counter>,
+    posted: Family<Labels<3>, Tally>,
+    completed: Family<Labels<3>, Tally>,
     failed: Family<Labels<4>, Counter>,
     abandoned: Family<Labels<3>, Counter>,
     in_flight: Family<Labels<3>, Gauge>,
-    posted_bytes: Family<Labels<3>, Counter>,
-    completed_bytes: Family<Labels<3>, Counter>,
+    posted_bytes: Family<Labels<3>, Tally>,
+    completed_bytes: Family<Labels<3>, Tally>,
     descriptors: HistogramFamily<3>,
     duration: HistogramFamily<3>,
     registrations: Family<Labels<2>, Counter>,
@@ -259,12 +199,12 @@ struct Families {
     deregistrations: Family<Labels<2>, Counter>,
     registered_regions: Family<Labels<2>, Gauge>,
     registered_bytes: Family<Labels<1>, Gauge>,
-    exposures: Family<Labels<2>, Counter>,
-    revocations: Family<Labels<1>, Counter>,
+    exposures: Family<Labels<2>, Tally>,
+    revocations: Family<Labels<1>, Tally>,
     peers_loaded: Family<Labels<1>, Gauge>,
     peer_loads: Family<Labels<1>, Counter>,
     peer_unloads: Family<Labels<1>, Counter>,
-    notifications: Family<Labels<1>, Counter>,
+    notifications: Family<Labels<1>, Tally>,
 }
 
 impl Families {
@@ -468,12 +408,12 @@ impl Metrics {
 struct Directed {
     op: &'static str,
     target: &'static str,
-    posted: Counter,
-    completed: Counter,
+    posted: Tally,
+    completed: Tally,
     abandoned: Counter,
     in_flight: Gauge,
-    posted_bytes: Counter,
-    completed_bytes: Counter,
+    posted_bytes: Tally,
+    completed_bytes: Tally,
     descriptors: Buckets,
     duration: Buckets,
 }
@@ -498,12 +438,12 @@ struct Series {
     kinds: [Kind; 2],
     registered_bytes: Gauge,
     /// Read, write.
-    exposures: [Counter; 2],
-    revocations: Counter,
+    exposures: [Tally; 2],
+    revocations: Tally,
     peers_loaded: Gauge,
     peer_loads: Counter,
     peer_unloads: Counter,
-    notifications: Counter,
+    notifications: Tally,
 }
 
 impl Series {
@@ -624,7 +564,8 @@ fn cause_reason(cause: &SharedCause) -> &'static str {
 /// A transfer posted whose end was not seen yet.
 #[derive(Clone, Copy)]
 struct Started {
-    at: Instant,
+    /// [`clock`] ticks.
+    at: u64,
     direction: usize,
     bytes: u64,
 }
@@ -633,13 +574,13 @@ struct Started {
 /// once rarely meet on one lock.
 const SHARDS: usize = 8;
 
-type Shard = Mutex<HashMap<TransferId, Started, foldhash::fast::RandomState>>;
+type PendingShard = Mutex<HashMap<TransferId, Started, foldhash::fast::RandomState>>;
 
 /// The transfers posted whose end was not seen yet: an entry lives from the
 /// post to the poll that sees the end, or to the release, whichever comes
 /// first, so the map holds no more than the transfers the connector holds.
 struct Pending {
-    shards: [Shard; SHARDS],
+    shards: [PendingShard; SHARDS],
     /// Entries in all shards: zero for a backend whose transfers end inside
     /// `post` (loopback), whose releases then take no lock.
     len: AtomicUsize,
@@ -715,6 +656,7 @@ pub struct Metered<B: RegistrationBackend> {
     metrics: Metrics,
     series: Series,
     pending: Pending,
+    clock: &'static Clock,
     regions: Mutex<HashMap<RegionId, Registered, foldhash::fast::RandomState>>,
     /// Names of the peers loaded now (not a label: only to count each once).
     peers: Mutex<HashSet<String, foldhash::fast::RandomState>>,
@@ -741,6 +683,7 @@ impl<B: RegistrationBackend> Metered<B> {
             metrics: metrics.clone(),
             series,
             pending: Pending::new(),
+            clock: clock(),
             regions: Mutex::new(HashMap::default()),
             peers: Mutex::new(HashSet::default()),
         }
@@ -756,12 +699,13 @@ impl<B: RegistrationBackend> Metered<B> {
         &self.inner
     }
 
-    fn completed(&self, directed: &Directed, bytes: u64, took: Duration) {
-        directed.completed.inc();
-        directed.completed_bytes.inc_by(bytes);
-        directed
-            .duration
-            .observe(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX));
+    /// Counts a transfer that ended with every byte moved, `since` (clock
+    /// ticks) its post.
+    fn completed(&self, shard: Shard, directed: &Directed, bytes: u64, since: u64) {
+        let took = self.clock.delta_as_nanos(since, self.clock.raw());
+        directed.completed.add(shard, 1);
+        directed.completed_bytes.add(shard, bytes);
+        directed.duration.observe(shard, took);
     }
 
     #[cold]
@@ -786,7 +730,9 @@ impl<B: RegistrationBackend> Metered<B> {
         let directed = &self.series.directed[started.direction];
         directed.in_flight.dec();
         match state {
-            TransferState::Done => self.completed(directed, started.bytes, started.at.elapsed()),
+            TransferState::Done => {
+                self.completed(Shard::current(), directed, started.bytes, started.at);
+            }
             TransferState::Failed(cause) => self.failed(directed, cause_reason(cause)),
             TransferState::InProgress => {}
         }
@@ -862,7 +808,8 @@ impl<B: RegistrationBackend> RegistrationBackend for Metered<B> {
         // SAFETY: our caller's contract is the inner backend's.
         let exposure = unsafe { self.inner.expose(ranges, access, key) };
         if exposure.is_ok() {
-            self.series.exposures[usize::from(access == OperationKind::Write)].inc();
+            self.series.exposures[usize::from(access == OperationKind::Write)]
+                .add(Shard::current(), 1);
         }
         exposure
     }
@@ -870,7 +817,7 @@ impl<B: RegistrationBackend> RegistrationBackend for Metered<B> {
     fn revoke(&self, exposure: ExposureId) -> Result<()> {
         let revoked = self.inner.revoke(exposure);
         if revoked.is_ok() {
-            self.series.revocations.inc();
+            self.series.revocations.add(Shard::current(), 1);
         }
         revoked
     }
@@ -915,10 +862,13 @@ impl<B: RegistrationBackend> RegistrationBackend for Metered<B> {
         let index = direction(request.op, &request.target);
         let directed = &self.series.directed[index];
         let bytes = request.bytes() as u64;
-        directed.posted.inc();
-        directed.posted_bytes.inc_by(bytes);
-        directed.descriptors.observe(request.local.len() as u64);
-        let at = Instant::now();
+        let shard = Shard::current();
+        directed.posted.add(shard, 1);
+        directed.posted_bytes.add(shard, bytes);
+        directed
+            .descriptors
+            .observe(shard, request.local.len() as u64);
+        let at = self.clock.raw();
         // SAFETY: our caller's contract is the inner backend's; `release`
         // forwards to the inner backend for the same transfer.
         let posted = unsafe { self.inner.post(request) };
@@ -926,7 +876,7 @@ impl<B: RegistrationBackend> RegistrationBackend for Metered<B> {
             Ok(Posted {
                 state: TransferState::Done,
                 ..
-            }) => self.completed(directed, bytes, at.elapsed()),
+            }) => self.completed(shard, directed, bytes, at),
             Ok(Posted {
                 state: TransferState::Failed(cause),
                 ..
@@ -960,28 +910,25 @@ impl<B: RegistrationBackend> RegistrationBackend for Metered<B> {
     }
 
     fn release(&self, transfer: TransferId) -> Result<Release> {
-        let released = self.inner.release(transfer);
         // Whatever the backend answers, the connector is done looking at
         // this transfer's end: forget it, so that abandoned transfers leave
-        // nothing behind.
+        // nothing behind. (Before the call, so that the backend's answer
+        // goes straight to our caller: a copy of it costs more than the
+        // counting, on loopback.)
         if let Some(started) = self.pending.take(transfer) {
             let directed = &self.series.directed[started.direction];
             directed.in_flight.dec();
             directed.abandoned.inc();
         }
-        released
+        self.inner.release(transfer)
     }
 
     fn drain_notifications(&self, sink: &mut dyn FnMut(Notification)) -> Result<()> {
-        let mut received = 0u64;
-        let drained = self.inner.drain_notifications(&mut |notification| {
-            received += 1;
+        let shard = Shard::current();
+        self.inner.drain_notifications(&mut |notification| {
+            self.series.notifications.add(shard, 1);
             sink(notification);
-        });
-        if received > 0 {
-            self.series.notifications.inc_by(received);
-        }
-        drained
+        })
     }
 
     fn wait_assist(&self) -> Duration {
