@@ -105,9 +105,11 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
 use quanta::Clock;
 
+mod ledger;
 mod tally;
 
-use tally::{Buckets, Shard, Tally};
+use ledger::{DIRECTIONS, Ledger, LedgerFamily, Shown, Table};
+use tally::Shard;
 
 use crate::backend::{
     EventHook, Exposed, Exposure, ExposureId, Notification, Posted, RegionId, RegistrationBackend,
@@ -170,41 +172,26 @@ pub const DESCRIPTOR_BUCKETS: &[f64] = &[
 ];
 
 type Labels<const N: usize> = [(&'static str, &'static str); N];
-type HistogramFamily<const N: usize> = Family<Labels<N>, Buckets, fn() -> Buckets>;
-
-fn duration_histogram() -> Buckets {
-    // Observed in nanoseconds, encoded in seconds.
-    Buckets::new(DURATION_BUCKETS, 1e-9)
-}
-
-fn descriptor_histogram() -> Buckets {
-    Buckets::new(DESCRIPTOR_BUCKETS, 1.0)
-}
 
 /// The metric families, shared by every clone of a [`Metrics`].
 struct Families {
     /// Holds the families below, under [`PREFIX`].
     registry: Registry,
-    posted: Family<Labels<3>, Tally>,
-    completed: Family<Labels<3>, Tally>,
+    /// Every backend's [`Ledger`]: the families posted, completed, their
+    /// bytes, descriptors, durations, exposures, revocations and
+    /// notifications.
+    ledgers: Arc<Table>,
     failed: Family<Labels<4>, Counter>,
     abandoned: Family<Labels<3>, Counter>,
     in_flight: Family<Labels<3>, Gauge>,
-    posted_bytes: Family<Labels<3>, Tally>,
-    completed_bytes: Family<Labels<3>, Tally>,
-    descriptors: HistogramFamily<3>,
-    duration: HistogramFamily<3>,
     registrations: Family<Labels<2>, Counter>,
     registration_failures: Family<Labels<2>, Counter>,
     deregistrations: Family<Labels<2>, Counter>,
     registered_regions: Family<Labels<2>, Gauge>,
     registered_bytes: Family<Labels<1>, Gauge>,
-    exposures: Family<Labels<2>, Tally>,
-    revocations: Family<Labels<1>, Tally>,
     peers_loaded: Family<Labels<1>, Gauge>,
     peer_loads: Family<Labels<1>, Counter>,
     peer_unloads: Family<Labels<1>, Counter>,
-    notifications: Family<Labels<1>, Tally>,
 }
 
 impl Families {
@@ -212,26 +199,18 @@ impl Families {
         let mut families = Families {
             // Replaced below, once the families exist to register.
             registry: Registry::default(),
-            posted: Family::default(),
-            completed: Family::default(),
+            ledgers: Arc::default(),
             failed: Family::default(),
             abandoned: Family::default(),
             in_flight: Family::default(),
-            posted_bytes: Family::default(),
-            completed_bytes: Family::default(),
-            descriptors: Family::new_with_constructor(descriptor_histogram),
-            duration: Family::new_with_constructor(duration_histogram),
             registrations: Family::default(),
             registration_failures: Family::default(),
             deregistrations: Family::default(),
             registered_regions: Family::default(),
             registered_bytes: Family::default(),
-            exposures: Family::default(),
-            revocations: Family::default(),
             peers_loaded: Family::default(),
             peer_loads: Family::default(),
             peer_unloads: Family::default(),
-            notifications: Family::default(),
         };
         let mut registry = Registry::with_prefix(PREFIX);
         families.register(&mut registry);
@@ -243,15 +222,16 @@ impl Families {
     /// their series with these.
     fn register(&self, registry: &mut Registry) {
         let r = registry;
+        let ledgers = |shown| LedgerFamily::new(&self.ledgers, shown);
         r.register(
             "transfers_posted",
             "Transfers posted (every call to post, refused ones included)",
-            self.posted.clone(),
+            ledgers(Shown::Posted),
         );
         r.register(
             "transfers_completed",
             "Transfers seen to end with every byte moved",
-            self.completed.clone(),
+            ledgers(Shown::Completed),
         );
         r.register(
             "transfers_failed",
@@ -272,24 +252,24 @@ impl Families {
             "transfer_posted",
             "Bytes of the transfers posted",
             Unit::Bytes,
-            self.posted_bytes.clone(),
+            ledgers(Shown::PostedBytes),
         );
         r.register_with_unit(
             "transfer_completed",
             "Bytes moved by completed transfers",
             Unit::Bytes,
-            self.completed_bytes.clone(),
+            ledgers(Shown::CompletedBytes),
         );
         r.register(
             "transfer_descriptors",
             "Local descriptors per transfer posted",
-            self.descriptors.clone(),
+            ledgers(Shown::Descriptors),
         );
         r.register_with_unit(
             "transfer_duration",
             "Completed transfers, from posting to the poll that saw the end",
             Unit::Seconds,
-            self.duration.clone(),
+            ledgers(Shown::Duration),
         );
         r.register(
             "registrations",
@@ -320,9 +300,13 @@ impl Families {
         r.register(
             "exposures",
             "Exposures made for peers, by the access they grant",
-            self.exposures.clone(),
+            ledgers(Shown::Exposures),
         );
-        r.register("revocations", "Exposures revoked", self.revocations.clone());
+        r.register(
+            "revocations",
+            "Exposures revoked",
+            ledgers(Shown::Revocations),
+        );
         r.register(
             "peers_loaded",
             "Peers loaded now",
@@ -337,7 +321,7 @@ impl Families {
         r.register(
             "notifications_received",
             "Notifications received from peers",
-            self.notifications.clone(),
+            ledgers(Shown::Notifications),
         );
     }
 }
@@ -408,14 +392,8 @@ impl Metrics {
 struct Directed {
     op: &'static str,
     target: &'static str,
-    posted: Tally,
-    completed: Tally,
     abandoned: Counter,
     in_flight: Gauge,
-    posted_bytes: Tally,
-    completed_bytes: Tally,
-    descriptors: Buckets,
-    duration: Buckets,
 }
 
 /// What a registration is of, and its series.
@@ -432,52 +410,33 @@ const FILE: usize = 1;
 /// The series of one backend.
 struct Series {
     backend: &'static str,
+    /// The counts on a transfer's path.
+    ledger: Arc<Ledger>,
     /// By [`direction`].
     directed: [Directed; 4],
     /// [`MEMORY`], [`FILE`].
     kinds: [Kind; 2],
     registered_bytes: Gauge,
-    /// Read, write.
-    exposures: [Tally; 2],
-    revocations: Tally,
     peers_loaded: Gauge,
     peer_loads: Counter,
     peer_unloads: Counter,
-    notifications: Tally,
 }
 
 impl Series {
     fn new(f: &Families, backend: &'static str) -> Series {
         let b = ("backend", backend);
-        let directed = |op, target| Directed {
-            op,
-            target,
-            posted: f
-                .posted
-                .get_or_create_owned(&[b, ("op", op), ("target", target)]),
-            completed: f
-                .completed
-                .get_or_create_owned(&[b, ("op", op), ("target", target)]),
-            abandoned: f
-                .abandoned
-                .get_or_create_owned(&[b, ("op", op), ("target", target)]),
-            in_flight: f
-                .in_flight
-                .get_or_create_owned(&[b, ("op", op), ("target", target)]),
-            posted_bytes: f
-                .posted_bytes
-                .get_or_create_owned(&[b, ("op", op), ("target", target)]),
-            completed_bytes: f.completed_bytes.get_or_create_owned(&[
-                b,
-                ("op", op),
-                ("target", target),
-            ]),
-            descriptors: f
-                .descriptors
-                .get_or_create_owned(&[b, ("op", op), ("target", target)]),
-            duration: f
-                .duration
-                .get_or_create_owned(&[b, ("op", op), ("target", target)]),
+        let directed = |index: usize| {
+            let (op, target) = DIRECTIONS[index];
+            Directed {
+                op,
+                target,
+                abandoned: f
+                    .abandoned
+                    .get_or_create_owned(&[b, ("op", op), ("target", target)]),
+                in_flight: f
+                    .in_flight
+                    .get_or_create_owned(&[b, ("op", op), ("target", target)]),
+            }
         };
         let kind = |kind| Kind {
             registrations: f.registrations.get_or_create_owned(&[b, ("kind", kind)]),
@@ -491,23 +450,13 @@ impl Series {
         };
         Series {
             backend,
-            directed: [
-                directed("read", "peer"),
-                directed("read", "file"),
-                directed("write", "peer"),
-                directed("write", "file"),
-            ],
+            ledger: f.ledgers.of(backend),
+            directed: std::array::from_fn(directed),
             kinds: [kind("memory"), kind("file")],
             registered_bytes: f.registered_bytes.get_or_create_owned(&[b]),
-            exposures: [
-                f.exposures.get_or_create_owned(&[b, ("op", "read")]),
-                f.exposures.get_or_create_owned(&[b, ("op", "write")]),
-            ],
-            revocations: f.revocations.get_or_create_owned(&[b]),
             peers_loaded: f.peers_loaded.get_or_create_owned(&[b]),
             peer_loads: f.peer_loads.get_or_create_owned(&[b]),
             peer_unloads: f.peer_unloads.get_or_create_owned(&[b]),
-            notifications: f.notifications.get_or_create_owned(&[b]),
         }
     }
 }
@@ -699,13 +648,10 @@ impl<B: RegistrationBackend> Metered<B> {
         &self.inner
     }
 
-    /// Counts a transfer that ended with every byte moved, `since` (clock
-    /// ticks) its post.
-    fn completed(&self, shard: Shard, directed: &Directed, bytes: u64, since: u64) {
-        let took = self.clock.delta_as_nanos(since, self.clock.raw());
-        directed.completed.add(shard, 1);
-        directed.completed_bytes.add(shard, bytes);
-        directed.duration.observe(shard, took);
+    /// Nanoseconds since `ticks` (of [`clock`]).
+    #[inline]
+    fn since(&self, ticks: u64) -> u64 {
+        self.clock.delta_as_nanos(ticks, self.clock.raw())
     }
 
     #[cold]
@@ -731,7 +677,9 @@ impl<B: RegistrationBackend> Metered<B> {
         directed.in_flight.dec();
         match state {
             TransferState::Done => {
-                self.completed(Shard::current(), directed, started.bytes, started.at);
+                let took = self.since(started.at);
+                let counting = self.series.ledger.counting(Shard::current());
+                counting.completed(started.direction, started.bytes, took);
             }
             TransferState::Failed(cause) => self.failed(directed, cause_reason(cause)),
             TransferState::InProgress => {}
@@ -806,18 +754,16 @@ impl<B: RegistrationBackend> RegistrationBackend for Metered<B> {
         key: &[u8],
     ) -> Result<Exposure> {
         // SAFETY: our caller's contract is the inner backend's.
-        let exposure = unsafe { self.inner.expose(ranges, access, key) };
-        if exposure.is_ok() {
-            self.series.exposures[usize::from(access == OperationKind::Write)]
-                .add(Shard::current(), 1);
-        }
-        exposure
+        unsafe { self.inner.expose(ranges, access, key) }.inspect(|_| {
+            let counting = self.series.ledger.counting(Shard::current());
+            counting.exposed(access == OperationKind::Write);
+        })
     }
 
     fn revoke(&self, exposure: ExposureId) -> Result<()> {
         let revoked = self.inner.revoke(exposure);
         if revoked.is_ok() {
-            self.series.revocations.add(Shard::current(), 1);
+            self.series.ledger.counting(Shard::current()).revoked();
         }
         revoked
     }
@@ -862,12 +808,8 @@ impl<B: RegistrationBackend> RegistrationBackend for Metered<B> {
         let index = direction(request.op, &request.target);
         let directed = &self.series.directed[index];
         let bytes = request.bytes() as u64;
-        let shard = Shard::current();
-        directed.posted.add(shard, 1);
-        directed.posted_bytes.add(shard, bytes);
-        directed
-            .descriptors
-            .observe(shard, request.local.len() as u64);
+        let counting = self.series.ledger.counting(Shard::current());
+        counting.posted(index, bytes, request.local.len() as u64);
         let at = self.clock.raw();
         // SAFETY: our caller's contract is the inner backend's; `release`
         // forwards to the inner backend for the same transfer.
@@ -876,7 +818,7 @@ impl<B: RegistrationBackend> RegistrationBackend for Metered<B> {
             Ok(Posted {
                 state: TransferState::Done,
                 ..
-            }) => self.completed(shard, directed, bytes, at),
+            }) => counting.completed(index, bytes, self.since(at)),
             Ok(Posted {
                 state: TransferState::Failed(cause),
                 ..
@@ -924,9 +866,9 @@ impl<B: RegistrationBackend> RegistrationBackend for Metered<B> {
     }
 
     fn drain_notifications(&self, sink: &mut dyn FnMut(Notification)) -> Result<()> {
-        let shard = Shard::current();
+        let counting = self.series.ledger.counting(Shard::current());
         self.inner.drain_notifications(&mut |notification| {
-            self.series.notifications.add(shard, 1);
+            counting.notified();
             sink(notification);
         })
     }

@@ -16,12 +16,11 @@
 //! separate counters, but never a counter go down.
 
 use std::marker::PhantomData;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
 
-use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::encoding::{MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::exemplar::Exemplar;
-use prometheus_client::metrics::{MetricType, TypedMetric};
 
 /// Threads that count into lines of their own at once: one bit each of
 /// [`TAKEN`].
@@ -116,15 +115,15 @@ fn cell(blocks: &[Block], index: usize) -> Option<&AtomicU64> {
 /// counts here), and a shared line.
 pub(super) struct Cells {
     len: usize,
-    owned: Box<[OnceLock<Box<[Block]>>]>,
     shared: Box<[Block]>,
+    owned: [OnceLock<Box<[Block]>>; OWNED],
 }
 
 impl Cells {
     pub(super) fn new(len: usize) -> Cells {
         Cells {
             len,
-            owned: (0..OWNED).map(|_| OnceLock::new()).collect(),
+            owned: std::array::from_fn(|_| OnceLock::new()),
             shared: line(len),
         }
     }
@@ -193,123 +192,88 @@ impl Line<'_> {
     }
 }
 
-/// A counter (encoded as prometheus-client's [`Counter`] is) kept in
-/// [`Cells`]. Clones share the counts.
-///
-/// [`Counter`]: prometheus_client::metrics::counter::Counter
-#[derive(Clone, Debug)]
-pub(super) struct Tally(Arc<Cells>);
-
-impl Default for Tally {
-    fn default() -> Tally {
-        Tally(Arc::new(Cells::new(1)))
-    }
-}
-
-impl Tally {
-    #[inline]
-    pub(super) fn add(&self, shard: Shard, value: u64) {
-        self.0.line(shard).add(0, value);
-    }
-
-    pub(super) fn get(&self) -> u64 {
-        self.0.sum(0)
-    }
-}
-
-impl TypedMetric for Tally {
-    const TYPE: MetricType = MetricType::Counter;
-}
-
-impl EncodeMetric for Tally {
-    fn encode(&self, mut encoder: MetricEncoder<'_>) -> std::result::Result<(), std::fmt::Error> {
-        encoder.encode_counter::<NoLabelSet, _, u64>(&self.get(), None)
-    }
-
-    fn metric_type(&self) -> MetricType {
-        Self::TYPE
-    }
-}
-
-/// A histogram of integer observations (nanoseconds, descriptors) kept in
-/// [`Cells`], where prometheus-client's
+/// Where a histogram of integer observations (nanoseconds, descriptors)
+/// lies in a line of [`Cells`], from some first count: a count per bucket
+/// (not cumulative), the last one `+Inf`'s, then the sum of the
+/// observations. Observing is two additions to the line, where
+/// prometheus-client's
 /// [`Histogram`](prometheus_client::metrics::histogram::Histogram) takes a
-/// lock per observation. Clones share the counts.
-#[derive(Clone, Debug)]
-pub(super) struct Buckets {
-    shared: Arc<BucketsInner>,
-}
-
+/// lock.
 #[derive(Debug)]
-struct BucketsInner {
+pub(super) struct Buckets {
     /// Upper bounds as encoded (in the metric's unit).
     bounds: &'static [f64],
     /// The same in observed units, rounded.
     upper: Box<[u64]>,
-    /// Observations per bucket (not cumulative), the last one `+Inf`'s,
-    /// then the sum of the observations, in observed units.
-    cells: Cells,
+    /// The first of them (the common case).
+    first: u64,
     /// The metric's unit per observed unit.
     scale: f64,
+    /// The index of the first bucket's count, from the first count.
+    at: usize,
+    /// The index of the sum, from the first count.
+    sum: usize,
 }
 
 impl Buckets {
-    pub(super) fn new(bounds: &'static [f64], scale: f64) -> Buckets {
+    /// Buckets `bounds` (in the metric's unit, `scale` per observed unit),
+    /// `at` counts from some first count of a line.
+    pub(super) fn new(bounds: &'static [f64], scale: f64, at: usize) -> Buckets {
+        let upper: Box<[u64]> = bounds.iter().map(|b| (b / scale).round() as u64).collect();
         Buckets {
-            shared: Arc::new(BucketsInner {
-                bounds,
-                upper: bounds.iter().map(|b| (b / scale).round() as u64).collect(),
-                // Each bound's bucket, `+Inf`'s, the sum.
-                cells: Cells::new(bounds.len() + 2),
-                scale,
-            }),
+            bounds,
+            first: upper.first().copied().unwrap_or(u64::MAX),
+            upper,
+            scale,
+            at,
+            sum: at + bounds.len() + 1,
         }
     }
 
+    /// The counts it takes in a line: each bound's, `+Inf`'s, the sum.
+    pub(super) fn len(&self) -> usize {
+        self.bounds.len() + 2
+    }
+
+    /// Observes `value` into the histogram that starts at `from` of `line`.
     #[inline]
-    pub(super) fn observe(&self, shard: Shard, value: u64) {
-        let h = &*self.shared;
+    pub(super) fn observe(&self, line: &Line<'_>, from: usize, value: u64) {
         // The first bucket whose bound is at least `value`, or `+Inf`; the
         // first is the common case (one descriptor, a copy under 5 us).
-        let bucket = match h.upper.first() {
-            Some(&first) if value <= first => 0,
-            _ => h.upper.partition_point(|&upper| upper < value),
+        let bucket = if value <= self.first {
+            0
+        } else {
+            self.upper.partition_point(|&upper| upper < value)
         };
-        let line = h.cells.line(shard);
-        line.add(bucket, 1);
-        line.add(h.bounds.len() + 1, value);
+        line.add(from + self.at + bucket, 1);
+        line.add(from + self.sum, value);
     }
-}
 
-impl TypedMetric for Buckets {
-    const TYPE: MetricType = MetricType::Histogram;
-}
-
-impl EncodeMetric for Buckets {
-    fn encode(&self, mut encoder: MetricEncoder<'_>) -> std::result::Result<(), std::fmt::Error> {
-        let h = &*self.shared;
-        let buckets: Vec<(f64, u64)> = h
+    /// Encodes the histogram that starts at `from` of `cells`' lines.
+    pub(super) fn encode(
+        &self,
+        cells: &Cells,
+        from: usize,
+        mut encoder: MetricEncoder<'_>,
+    ) -> std::result::Result<(), std::fmt::Error> {
+        let buckets: Vec<(f64, u64)> = self
             .bounds
             .iter()
             .copied()
             .chain(std::iter::once(f64::INFINITY))
             .enumerate()
-            .map(|(i, bound)| (bound, h.cells.sum(i)))
+            .map(|(i, bound)| (bound, cells.sum(from + self.at + i)))
             .collect();
         // The count is the buckets' total, so that a scrape in the middle
         // of an observation is consistent in itself.
         let count = buckets.iter().map(|(_, n)| n).sum();
-        let sum = h.cells.sum(h.bounds.len() + 1) as f64 * h.scale;
+        let sum = cells.sum(from + self.sum) as f64 * self.scale;
         encoder.encode_histogram(
             sum,
             count,
             &buckets,
             None::<&std::collections::HashMap<usize, Exemplar<NoLabelSet, f64>>>,
         )
-    }
-
-    fn metric_type(&self) -> MetricType {
-        Self::TYPE
     }
 }
 

@@ -74,12 +74,15 @@ fn a_count_past_the_line_is_ignored_not_a_panic() {
 #[test]
 fn a_histogram_counts_each_observation_in_the_first_bucket_that_holds_it() {
     const BOUNDS: &[f64] = &[1.0, 2.0, 4.0];
-    let h = Buckets::new(BOUNDS, 1.0);
-    let shard = Shard::current();
+    // After two counts of something else (one from the line's first).
+    let h = Buckets::new(BOUNDS, 1.0, 1);
+    let cells = Cells::new(2 + h.len());
+    let line = cells.line(Shard::current());
     for value in [0, 1, 2, 3, 4, 5, 1_000] {
-        h.observe(shard, value);
+        h.observe(&line, 1, value);
     }
-    let per_bucket: Vec<u64> = (0..=BOUNDS.len()).map(|i| h.shared.cells.sum(i)).collect();
+    let per_bucket: Vec<u64> = (2..2 + BOUNDS.len() + 1).map(|i| cells.sum(i)).collect();
     assert_eq!(per_bucket, [2, 1, 2, 2]);
-    assert_eq!(h.shared.cells.sum(BOUNDS.len() + 1), 1_015);
+    assert_eq!(cells.sum(2 + BOUNDS.len() + 1), 1_015);
+    assert_eq!((cells.sum(0), cells.sum(1)), (0, 0));
 }
