@@ -245,6 +245,12 @@ The movers:
   the same with prepared lists.
 - Where a mover counts its backend memory registrations, its cells add
   the registrations made per timed transfer (`reg/op`).
+- The metrics cost rows (`examples/bench/src/metered.rs`, `bench
+  --metrics-only` alone) time 4 KiB readable -> read round trips over
+  loopback and NIXL in batches taking turns: a bare pair, the same with
+  `Metered` on both sides, and a second bare pair, whose difference from
+  the first is the row's resolution; the cost is metered over the mean of
+  the bare pairs, the median over the batches.
 - The `py-` movers are the Python package `nixl_connect` against Dynamo's
   own `nixl_connect` and the Rust API, one worker process each, measured in
   turns (crates/nixl-connect-py/bench/bench.py).

@@ -77,29 +77,40 @@
 //!
 //! # Cost
 //!
-//! Per transfer, a few atomic additions, two histogram observations (a short
-//! lock each, inside `prometheus_client`), two clock reads, and for a
-//! transfer that does not end inside `post`, an insertion into and a removal
-//! from a sharded map. `cargo xtask bench` measures the 4 KiB loopback round
-//! trip with and without [`Metered`] (`loopback/4KiB_readable_read_roundtrip`
-//! and its `_metered` row).
+//! Per transfer, two reads of the CPU's time-stamp counter (where it is
+//! invariant; else of the monotonic clock) and about ten additions, each a
+//! plain load and store: the counts on a transfer's path are kept per
+//! thread, in lines only that thread writes, and added up when encoded (up
+//! to 64 threads at once; more share one line, with atomic additions). No
+//! lock is taken, but for a transfer that does not end inside `post`: its
+//! post time goes into a sharded map until its end is seen or it is
+//! released (one short lock each). `cargo xtask bench` measures the 4 KiB
+//! round trip bare and with [`Metered`] on both sides, in interleaved
+//! batches, on loopback and on NIXL (the `metrics cost` rows and targets;
+//! `bench --metrics-only` runs just those), and criterion the loopback one
+//! (`loopback/4KiB_readable_read_roundtrip` and its `_metered` row);
+//! decision 0016 has the numbers.
 //!
 //! [`Faulty`]: crate::faults::Faulty
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::BorrowedFd;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::Duration;
 
 use prometheus_client::encoding::text::encode;
-use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::exemplar::Exemplar;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Registry, Unit};
+use quanta::Clock;
+
+mod ledger;
+mod tally;
+
+use ledger::{DIRECTIONS, Ledger, LedgerFamily, Shown, Table};
+use tally::Shard;
 
 use crate::backend::{
     EventHook, Exposed, Exposure, ExposureId, Notification, Posted, RegionId, RegistrationBackend,
@@ -110,6 +121,16 @@ use crate::metadata::OperationKind;
 
 /// The prefix of every metric's name.
 pub const PREFIX: &str = "nixl_connect";
+
+/// The clock transfers are timed with: the CPU's time-stamp counter where
+/// it is invariant (`quanta` checks, and calibrates it against the
+/// monotonic clock, once per process: 10-200 ms, in the first
+/// [`Metered::new`]), else the monotonic clock. A read of the counter costs
+/// less than half a read of [`std::time::Instant`] (decision 0016).
+fn clock() -> &'static Clock {
+    static CLOCK: OnceLock<Clock> = OnceLock::new();
+    CLOCK.get_or_init(Clock::new)
+}
 
 /// The values of the `reason` label of `nixl_connect_transfers_failed_total`:
 ///
@@ -152,119 +173,26 @@ pub const DESCRIPTOR_BUCKETS: &[f64] = &[
 ];
 
 type Labels<const N: usize> = [(&'static str, &'static str); N];
-type HistogramFamily<const N: usize> = Family<Labels<N>, Buckets, fn() -> Buckets>;
-
-fn duration_histogram() -> Buckets {
-    // Observed in nanoseconds, encoded in seconds.
-    Buckets::new(DURATION_BUCKETS, 1e-9)
-}
-
-fn descriptor_histogram() -> Buckets {
-    Buckets::new(DESCRIPTOR_BUCKETS, 1.0)
-}
-
-/// A histogram whose observation is two relaxed atomic additions (an
-/// integer value: nanoseconds, descriptors), where `prometheus_client`'s
-/// [`Histogram`](prometheus_client::metrics::histogram::Histogram) takes a
-/// lock: this one is on every transfer's path. Clones share the counts.
-#[derive(Clone, Debug)]
-struct Buckets {
-    shared: Arc<BucketsInner>,
-}
-
-#[derive(Debug)]
-struct BucketsInner {
-    /// Upper bounds as encoded (in the metric's unit).
-    bounds: &'static [f64],
-    /// The same in observed units, rounded.
-    upper: Box<[u64]>,
-    /// Observations per bucket (not cumulative), the last one `+Inf`'s.
-    counts: Box<[AtomicU64]>,
-    /// Sum of the observations, in observed units.
-    sum: AtomicU64,
-    /// The metric's unit per observed unit.
-    scale: f64,
-}
-
-impl Buckets {
-    fn new(bounds: &'static [f64], scale: f64) -> Buckets {
-        Buckets {
-            shared: Arc::new(BucketsInner {
-                bounds,
-                upper: bounds.iter().map(|b| (b / scale).round() as u64).collect(),
-                counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
-                sum: AtomicU64::new(0),
-                scale,
-            }),
-        }
-    }
-
-    fn observe(&self, value: u64) {
-        let h = &*self.shared;
-        // The first bucket whose bound is at least `value`, or `+Inf`.
-        let bucket = h.upper.partition_point(|&upper| upper < value);
-        if let Some(count) = h.counts.get(bucket) {
-            count.fetch_add(1, Ordering::Relaxed);
-        }
-        h.sum.fetch_add(value, Ordering::Relaxed);
-    }
-}
-
-impl TypedMetric for Buckets {
-    const TYPE: MetricType = MetricType::Histogram;
-}
-
-impl EncodeMetric for Buckets {
-    fn encode(&self, mut encoder: MetricEncoder<'_>) -> std::result::Result<(), std::fmt::Error> {
-        let h = &*self.shared;
-        let buckets: Vec<(f64, u64)> = h
-            .bounds
-            .iter()
-            .copied()
-            .chain(std::iter::once(f64::INFINITY))
-            .zip(h.counts.iter().map(|c| c.load(Ordering::Relaxed)))
-            .collect();
-        // The count is the buckets' total, so that a scrape in the middle
-        // of an observation is consistent in itself.
-        let count = buckets.iter().map(|(_, n)| n).sum();
-        let sum = h.sum.load(Ordering::Relaxed) as f64 * h.scale;
-        encoder.encode_histogram(
-            sum,
-            count,
-            &buckets,
-            None::<&HashMap<usize, Exemplar<NoLabelSet, f64>>>,
-        )
-    }
-
-    fn metric_type(&self) -> MetricType {
-        Self::TYPE
-    }
-}
 
 /// The metric families, shared by every clone of a [`Metrics`].
 struct Families {
     /// Holds the families below, under [`PREFIX`].
     registry: Registry,
-    posted: Family<Labels<3>, Counter>,
-    completed: Family<Labels<3>, Counter>,
+    /// Every backend's [`Ledger`]: the families posted, completed, their
+    /// bytes, descriptors, durations, exposures, revocations and
+    /// notifications.
+    ledgers: Arc<Table>,
     failed: Family<Labels<4>, Counter>,
     abandoned: Family<Labels<3>, Counter>,
     in_flight: Family<Labels<3>, Gauge>,
-    posted_bytes: Family<Labels<3>, Counter>,
-    completed_bytes: Family<Labels<3>, Counter>,
-    descriptors: HistogramFamily<3>,
-    duration: HistogramFamily<3>,
     registrations: Family<Labels<2>, Counter>,
     registration_failures: Family<Labels<2>, Counter>,
     deregistrations: Family<Labels<2>, Counter>,
     registered_regions: Family<Labels<2>, Gauge>,
     registered_bytes: Family<Labels<1>, Gauge>,
-    exposures: Family<Labels<2>, Counter>,
-    revocations: Family<Labels<1>, Counter>,
     peers_loaded: Family<Labels<1>, Gauge>,
     peer_loads: Family<Labels<1>, Counter>,
     peer_unloads: Family<Labels<1>, Counter>,
-    notifications: Family<Labels<1>, Counter>,
 }
 
 impl Families {
@@ -272,26 +200,18 @@ impl Families {
         let mut families = Families {
             // Replaced below, once the families exist to register.
             registry: Registry::default(),
-            posted: Family::default(),
-            completed: Family::default(),
+            ledgers: Arc::default(),
             failed: Family::default(),
             abandoned: Family::default(),
             in_flight: Family::default(),
-            posted_bytes: Family::default(),
-            completed_bytes: Family::default(),
-            descriptors: Family::new_with_constructor(descriptor_histogram),
-            duration: Family::new_with_constructor(duration_histogram),
             registrations: Family::default(),
             registration_failures: Family::default(),
             deregistrations: Family::default(),
             registered_regions: Family::default(),
             registered_bytes: Family::default(),
-            exposures: Family::default(),
-            revocations: Family::default(),
             peers_loaded: Family::default(),
             peer_loads: Family::default(),
             peer_unloads: Family::default(),
-            notifications: Family::default(),
         };
         let mut registry = Registry::with_prefix(PREFIX);
         families.register(&mut registry);
@@ -303,15 +223,16 @@ impl Families {
     /// their series with these.
     fn register(&self, registry: &mut Registry) {
         let r = registry;
+        let ledgers = |shown| LedgerFamily::new(&self.ledgers, shown);
         r.register(
             "transfers_posted",
             "Transfers posted (every call to post, refused ones included)",
-            self.posted.clone(),
+            ledgers(Shown::Posted),
         );
         r.register(
             "transfers_completed",
             "Transfers seen to end with every byte moved",
-            self.completed.clone(),
+            ledgers(Shown::Completed),
         );
         r.register(
             "transfers_failed",
@@ -332,24 +253,24 @@ impl Families {
             "transfer_posted",
             "Bytes of the transfers posted",
             Unit::Bytes,
-            self.posted_bytes.clone(),
+            ledgers(Shown::PostedBytes),
         );
         r.register_with_unit(
             "transfer_completed",
             "Bytes moved by completed transfers",
             Unit::Bytes,
-            self.completed_bytes.clone(),
+            ledgers(Shown::CompletedBytes),
         );
         r.register(
             "transfer_descriptors",
             "Local descriptors per transfer posted",
-            self.descriptors.clone(),
+            ledgers(Shown::Descriptors),
         );
         r.register_with_unit(
             "transfer_duration",
             "Completed transfers, from posting to the poll that saw the end",
             Unit::Seconds,
-            self.duration.clone(),
+            ledgers(Shown::Duration),
         );
         r.register(
             "registrations",
@@ -380,9 +301,13 @@ impl Families {
         r.register(
             "exposures",
             "Exposures made for peers, by the access they grant",
-            self.exposures.clone(),
+            ledgers(Shown::Exposures),
         );
-        r.register("revocations", "Exposures revoked", self.revocations.clone());
+        r.register(
+            "revocations",
+            "Exposures revoked",
+            ledgers(Shown::Revocations),
+        );
         r.register(
             "peers_loaded",
             "Peers loaded now",
@@ -397,7 +322,7 @@ impl Families {
         r.register(
             "notifications_received",
             "Notifications received from peers",
-            self.notifications.clone(),
+            ledgers(Shown::Notifications),
         );
     }
 }
@@ -468,14 +393,8 @@ impl Metrics {
 struct Directed {
     op: &'static str,
     target: &'static str,
-    posted: Counter,
-    completed: Counter,
     abandoned: Counter,
     in_flight: Gauge,
-    posted_bytes: Counter,
-    completed_bytes: Counter,
-    descriptors: Buckets,
-    duration: Buckets,
 }
 
 /// What a registration is of, and its series.
@@ -492,52 +411,33 @@ const FILE: usize = 1;
 /// The series of one backend.
 struct Series {
     backend: &'static str,
+    /// The counts on a transfer's path.
+    ledger: Arc<Ledger>,
     /// By [`direction`].
     directed: [Directed; 4],
     /// [`MEMORY`], [`FILE`].
     kinds: [Kind; 2],
     registered_bytes: Gauge,
-    /// Read, write.
-    exposures: [Counter; 2],
-    revocations: Counter,
     peers_loaded: Gauge,
     peer_loads: Counter,
     peer_unloads: Counter,
-    notifications: Counter,
 }
 
 impl Series {
     fn new(f: &Families, backend: &'static str) -> Series {
         let b = ("backend", backend);
-        let directed = |op, target| Directed {
-            op,
-            target,
-            posted: f
-                .posted
-                .get_or_create_owned(&[b, ("op", op), ("target", target)]),
-            completed: f
-                .completed
-                .get_or_create_owned(&[b, ("op", op), ("target", target)]),
-            abandoned: f
-                .abandoned
-                .get_or_create_owned(&[b, ("op", op), ("target", target)]),
-            in_flight: f
-                .in_flight
-                .get_or_create_owned(&[b, ("op", op), ("target", target)]),
-            posted_bytes: f
-                .posted_bytes
-                .get_or_create_owned(&[b, ("op", op), ("target", target)]),
-            completed_bytes: f.completed_bytes.get_or_create_owned(&[
-                b,
-                ("op", op),
-                ("target", target),
-            ]),
-            descriptors: f
-                .descriptors
-                .get_or_create_owned(&[b, ("op", op), ("target", target)]),
-            duration: f
-                .duration
-                .get_or_create_owned(&[b, ("op", op), ("target", target)]),
+        let directed = |index: usize| {
+            let (op, target) = DIRECTIONS[index];
+            Directed {
+                op,
+                target,
+                abandoned: f
+                    .abandoned
+                    .get_or_create_owned(&[b, ("op", op), ("target", target)]),
+                in_flight: f
+                    .in_flight
+                    .get_or_create_owned(&[b, ("op", op), ("target", target)]),
+            }
         };
         let kind = |kind| Kind {
             registrations: f.registrations.get_or_create_owned(&[b, ("kind", kind)]),
@@ -551,23 +451,13 @@ impl Series {
         };
         Series {
             backend,
-            directed: [
-                directed("read", "peer"),
-                directed("read", "file"),
-                directed("write", "peer"),
-                directed("write", "file"),
-            ],
+            ledger: f.ledgers.of(backend),
+            directed: std::array::from_fn(directed),
             kinds: [kind("memory"), kind("file")],
             registered_bytes: f.registered_bytes.get_or_create_owned(&[b]),
-            exposures: [
-                f.exposures.get_or_create_owned(&[b, ("op", "read")]),
-                f.exposures.get_or_create_owned(&[b, ("op", "write")]),
-            ],
-            revocations: f.revocations.get_or_create_owned(&[b]),
             peers_loaded: f.peers_loaded.get_or_create_owned(&[b]),
             peer_loads: f.peer_loads.get_or_create_owned(&[b]),
             peer_unloads: f.peer_unloads.get_or_create_owned(&[b]),
-            notifications: f.notifications.get_or_create_owned(&[b]),
         }
     }
 }
@@ -624,7 +514,8 @@ fn cause_reason(cause: &SharedCause) -> &'static str {
 /// A transfer posted whose end was not seen yet.
 #[derive(Clone, Copy)]
 struct Started {
-    at: Instant,
+    /// [`clock`] ticks.
+    at: u64,
     direction: usize,
     bytes: u64,
 }
@@ -633,13 +524,13 @@ struct Started {
 /// once rarely meet on one lock.
 const SHARDS: usize = 8;
 
-type Shard = Mutex<HashMap<TransferId, Started, foldhash::fast::RandomState>>;
+type PendingShard = Mutex<HashMap<TransferId, Started, foldhash::fast::RandomState>>;
 
 /// The transfers posted whose end was not seen yet: an entry lives from the
 /// post to the poll that sees the end, or to the release, whichever comes
 /// first, so the map holds no more than the transfers the connector holds.
 struct Pending {
-    shards: [Shard; SHARDS],
+    shards: [PendingShard; SHARDS],
     /// Entries in all shards: zero for a backend whose transfers end inside
     /// `post` (loopback), whose releases then take no lock.
     len: AtomicUsize,
@@ -715,6 +606,7 @@ pub struct Metered<B: RegistrationBackend> {
     metrics: Metrics,
     series: Series,
     pending: Pending,
+    clock: &'static Clock,
     regions: Mutex<HashMap<RegionId, Registered, foldhash::fast::RandomState>>,
     /// Names of the peers loaded now (not a label: only to count each once).
     peers: Mutex<HashSet<String, foldhash::fast::RandomState>>,
@@ -741,6 +633,7 @@ impl<B: RegistrationBackend> Metered<B> {
             metrics: metrics.clone(),
             series,
             pending: Pending::new(),
+            clock: clock(),
             regions: Mutex::new(HashMap::default()),
             peers: Mutex::new(HashSet::default()),
         }
@@ -756,12 +649,10 @@ impl<B: RegistrationBackend> Metered<B> {
         &self.inner
     }
 
-    fn completed(&self, directed: &Directed, bytes: u64, took: Duration) {
-        directed.completed.inc();
-        directed.completed_bytes.inc_by(bytes);
-        directed
-            .duration
-            .observe(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX));
+    /// Nanoseconds since `ticks` (of [`clock`]).
+    #[inline]
+    fn since(&self, ticks: u64) -> u64 {
+        self.clock.delta_as_nanos(ticks, self.clock.raw())
     }
 
     #[cold]
@@ -786,7 +677,11 @@ impl<B: RegistrationBackend> Metered<B> {
         let directed = &self.series.directed[started.direction];
         directed.in_flight.dec();
         match state {
-            TransferState::Done => self.completed(directed, started.bytes, started.at.elapsed()),
+            TransferState::Done => {
+                let took = self.since(started.at);
+                let counting = self.series.ledger.counting(Shard::current());
+                counting.completed(started.direction, started.bytes, took);
+            }
             TransferState::Failed(cause) => self.failed(directed, cause_reason(cause)),
             TransferState::InProgress => {}
         }
@@ -860,17 +755,16 @@ impl<B: RegistrationBackend> RegistrationBackend for Metered<B> {
         key: &[u8],
     ) -> Result<Exposure> {
         // SAFETY: our caller's contract is the inner backend's.
-        let exposure = unsafe { self.inner.expose(ranges, access, key) };
-        if exposure.is_ok() {
-            self.series.exposures[usize::from(access == OperationKind::Write)].inc();
-        }
-        exposure
+        unsafe { self.inner.expose(ranges, access, key) }.inspect(|_| {
+            let counting = self.series.ledger.counting(Shard::current());
+            counting.exposed(access == OperationKind::Write);
+        })
     }
 
     fn revoke(&self, exposure: ExposureId) -> Result<()> {
         let revoked = self.inner.revoke(exposure);
         if revoked.is_ok() {
-            self.series.revocations.inc();
+            self.series.ledger.counting(Shard::current()).revoked();
         }
         revoked
     }
@@ -915,10 +809,9 @@ impl<B: RegistrationBackend> RegistrationBackend for Metered<B> {
         let index = direction(request.op, &request.target);
         let directed = &self.series.directed[index];
         let bytes = request.bytes() as u64;
-        directed.posted.inc();
-        directed.posted_bytes.inc_by(bytes);
-        directed.descriptors.observe(request.local.len() as u64);
-        let at = Instant::now();
+        let counting = self.series.ledger.counting(Shard::current());
+        counting.posted(index, bytes, request.local.len() as u64);
+        let at = self.clock.raw();
         // SAFETY: our caller's contract is the inner backend's; `release`
         // forwards to the inner backend for the same transfer.
         let posted = unsafe { self.inner.post(request) };
@@ -926,7 +819,7 @@ impl<B: RegistrationBackend> RegistrationBackend for Metered<B> {
             Ok(Posted {
                 state: TransferState::Done,
                 ..
-            }) => self.completed(directed, bytes, at.elapsed()),
+            }) => counting.completed(index, bytes, self.since(at)),
             Ok(Posted {
                 state: TransferState::Failed(cause),
                 ..
@@ -960,28 +853,25 @@ impl<B: RegistrationBackend> RegistrationBackend for Metered<B> {
     }
 
     fn release(&self, transfer: TransferId) -> Result<Release> {
-        let released = self.inner.release(transfer);
         // Whatever the backend answers, the connector is done looking at
         // this transfer's end: forget it, so that abandoned transfers leave
-        // nothing behind.
+        // nothing behind. (Before the call, so that the backend's answer
+        // goes straight to our caller: a copy of it costs more than the
+        // counting, on loopback.)
         if let Some(started) = self.pending.take(transfer) {
             let directed = &self.series.directed[started.direction];
             directed.in_flight.dec();
             directed.abandoned.inc();
         }
-        released
+        self.inner.release(transfer)
     }
 
     fn drain_notifications(&self, sink: &mut dyn FnMut(Notification)) -> Result<()> {
-        let mut received = 0u64;
-        let drained = self.inner.drain_notifications(&mut |notification| {
-            received += 1;
+        let counting = self.series.ledger.counting(Shard::current());
+        self.inner.drain_notifications(&mut |notification| {
+            counting.notified();
             sink(notification);
-        });
-        if received > 0 {
-            self.series.notifications.inc_by(received);
-        }
-        drained
+        })
     }
 
     fn wait_assist(&self) -> Duration {

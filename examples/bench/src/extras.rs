@@ -18,7 +18,7 @@ pub(crate) struct Extras {
 }
 
 impl Extras {
-    fn add(&mut self, name: impl Into<String>, value: f64, unit: &'static str) {
+    pub(crate) fn add(&mut self, name: impl Into<String>, value: f64, unit: &'static str) {
         let name = name.into();
         eprintln!("bench: {name} = {value:.3} {unit}");
         self.items.push((name, value, unit));
@@ -45,7 +45,7 @@ fn nixl_pair(tag: &str) -> Res<(Connector, Connector)> {
 }
 
 /// One 4 KiB readable -> read round trip, buffers reused.
-struct RoundTrip {
+pub(crate) struct RoundTrip {
     passive: Connector,
     active: Connector,
     src: Vec<Descriptor>,
@@ -53,7 +53,7 @@ struct RoundTrip {
 }
 
 impl RoundTrip {
-    fn new((passive, active): (Connector, Connector), size: usize) -> Res<RoundTrip> {
+    pub(crate) fn new((passive, active): (Connector, Connector), size: usize) -> Res<RoundTrip> {
         Ok(RoundTrip {
             passive,
             active,
@@ -89,7 +89,7 @@ impl RoundTrip {
         })
     }
 
-    fn fast(&mut self) -> Res<()> {
+    pub(crate) fn fast(&mut self) -> Res<()> {
         let readable = self
             .passive
             .create_readable(std::mem::take(&mut self.src))
@@ -120,6 +120,10 @@ fn process_cpu_ns() -> u64 {
 
 pub(crate) fn measure(quick: bool) -> Res<Extras> {
     let mut x = Extras { items: Vec::new() };
+
+    // What the transfer metrics cost, first: before this run's other agents
+    // (the cancelled ones below leak theirs) add to the noise.
+    crate::metered::measure(&mut x, quick)?;
 
     // Completion reaching waiters, 4 KiB.
     for (name, pair) in [

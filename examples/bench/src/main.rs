@@ -6,6 +6,7 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod extras;
+mod metered;
 mod movers;
 mod pyworker;
 mod report;
@@ -78,6 +79,9 @@ mod flags {
             optional --storage-only
             /// No storage rows.
             optional --no-storage
+            /// Only what the transfer metrics cost: 4 KiB round trips, bare
+            /// and metered, in interleaved batches (loopback and NIXL).
+            optional --metrics-only
         }
     }
 }
@@ -521,6 +525,11 @@ fn run(config: &flags::Bench) -> Res<()> {
         let only = config.sizes.as_ref().map(|s| s.0.clone());
         let stored = storage_rows(&out, config.quick, runs, only)?;
         return report_out(&[], &stored, &extras::Extras::default(), &out);
+    }
+    if config.metrics_only {
+        let mut extras = extras::Extras::default();
+        metered::measure(&mut extras, config.quick)?;
+        return report_out(&[], &[], &extras, &out);
     }
     let mut movers: Vec<Box<dyn Mover>> = match &xproc_only {
         Some(wrap) => vec![

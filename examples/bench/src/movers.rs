@@ -200,11 +200,15 @@ pub(crate) fn raw_ucx_params(agent: &Agent) -> Res<nixl_sys::Params> {
 /// without NIXL's progress thread, the other settings the defaults (but for
 /// this run's peer-failure detection).
 pub(crate) fn nixl_connector(agent: &str, progress_thread: bool) -> Res<Connector> {
+    nixl_backend(agent, progress_thread).map(Connector::new)
+}
+
+/// The backend of [`nixl_connector`].
+pub(crate) fn nixl_backend(agent: &str, progress_thread: bool) -> Res<NixlBackend> {
     NixlBackend::builder(agent)
         .progress_thread(progress_thread)
         .peer_failure_detection(peer_failure_detection())
         .build()
-        .map(Connector::new)
         .map_err(|e| e.to_string())
 }
 

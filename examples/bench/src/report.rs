@@ -630,6 +630,16 @@ fn targets(rows: &[Row], extras: &Extras) -> Vec<String> {
             verdict(counted && most == Some(0.0))
         ));
     }
+    for backend in ["loopback", "nixl"] {
+        if let Some(cost) = extra(extras, &crate::metered::cost_name(backend)) {
+            let twin = extra(extras, &crate::metered::twin_name(backend))
+                .map_or_else(String::new, |t| format!(" (bare twin {t:+.1}%)"));
+            out.push(format!(
+                "{} metrics on (Metered, both sides) cost <= 2% of a {backend} 4 KiB round trip: {cost:+.1}%{twin}",
+                verdict(cost <= 2.0)
+            ));
+        }
+    }
     if let Some(rt) = extra(
         extras,
         "loopback: 4 KiB readable+read round trip, one thread",
