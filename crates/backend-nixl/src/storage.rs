@@ -250,6 +250,23 @@ impl Files {
         Ok(cached)
     }
 
+    /// Whether `request` is an `op` between host memory and files that all
+    /// go through the page cache (none `O_DIRECT`), its spans checked: what
+    /// [`Files::read_cached`] and [`Files::write_buffered`] serve at post.
+    fn through_page_cache(
+        &self,
+        state: &StorageState,
+        request: &TransferRequest<'_>,
+        spans: &[FileSpan],
+        op: OperationKind,
+    ) -> Result<bool> {
+        let host = request
+            .local
+            .iter()
+            .all(|l| l.device.kind() == DeviceKind::Host);
+        Ok(request.op == op && host && self.check(state, request, spans)?)
+    }
+
     /// A READ of host memory from files that go through the page cache,
     /// served at once from cached pages (`preadv2` with `RWF_NOWAIT`, which
     /// never waits for the disk): true if every byte was; false if any run
@@ -268,11 +285,7 @@ impl Files {
         request: &TransferRequest<'_>,
         spans: &[FileSpan],
     ) -> Result<bool> {
-        let host = request
-            .local
-            .iter()
-            .all(|l| l.device.kind() == DeviceKind::Host);
-        if request.op != OperationKind::Read || !host || !self.check(state, request, spans)? {
+        if !self.through_page_cache(state, request, spans, OperationKind::Read)? {
             return Ok(false);
         }
         for run in request.file_runs() {
@@ -319,16 +332,8 @@ impl Files {
         request: &TransferRequest<'_>,
         spans: &[FileSpan],
     ) -> Result<bool> {
-        let host = request
-            .local
-            .iter()
-            .all(|l| l.device.kind() == DeviceKind::Host);
         let aio = matches!(state, StorageState::On(Storage::PosixAio));
-        if request.op != OperationKind::Write
-            || !host
-            || !aio
-            || !self.check(state, request, spans)?
-        {
+        if !aio || !self.through_page_cache(state, request, spans, OperationKind::Write)? {
             return Ok(false);
         }
         for run in request.file_runs() {
