@@ -15,6 +15,11 @@ xflags::xflags! {
             repeated step: String
             /// The long load runs too: 16 x 10,000 loopback operations, 1 GiB kill tests.
             optional --long
+            /// For a one-off run on a clean clone (CI does this): each step's
+            /// own build folder (loom, ASan, fuzz, the wheel's) is removed
+            /// once the step is done, nothing is built incrementally, and debug
+            /// builds keep line tables only.
+            optional --lean
             /// The development loop instead: fmt, clippy, unit tests, loopback
             /// conformance, the Python suite on loopback (3.11). CI runs the full set.
             optional --quick

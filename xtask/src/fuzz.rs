@@ -39,6 +39,11 @@ fn ensure_cargo_fuzz(sh: &Shell) -> Result<(), String> {
     }
 }
 
+/// Where `cargo fuzz` builds: the fuzz crate is a workspace of its own.
+pub(crate) fn target_dir(root: &Path) -> std::path::PathBuf {
+    root.join("fuzz/target")
+}
+
 /// Runs every target for `seconds`; Err if any found a crash or could not run.
 pub(crate) fn run_targets(sh: &Shell, root: &Path, seconds: u64) -> Result<(), u8> {
     if let Err(e) = ensure_cargo_fuzz(sh) {

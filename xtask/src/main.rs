@@ -107,7 +107,15 @@ fn main() -> ExitCode {
     let sh = &sh;
     let result = match command {
         flags::XtaskCmd::Test(args) if args.quick => test::quick(sh, root),
-        flags::XtaskCmd::Test(args) => test::test(sh, &ws, args.long, &args.step),
+        flags::XtaskCmd::Test(args) => test::test(
+            sh,
+            &ws,
+            &test::Run {
+                long: args.long,
+                lean: args.lean,
+                chosen: &args.step,
+            },
+        ),
         flags::XtaskCmd::Demo(args) => demo::demo(sh, root, &args),
         flags::XtaskCmd::Bench(args) => match args.validate() {
             Ok(()) => bench::bench(sh, &ws, &args),

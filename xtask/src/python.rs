@@ -411,8 +411,9 @@ fn pytest(sh: &Shell, root: &Path, venv: &Venv, long: bool) -> bool {
 
 /// The `cargo xtask test` step: the wheel, built once, then pytest in the
 /// virtualenv of every interpreter (one missing here is named and skipped);
-/// `long`: `cargo xtask test --long`.
-pub(crate) fn test(sh: &Shell, root: &Path, long: bool) -> bool {
+/// `long`: `cargo xtask test --long`; `lean`: `--lean` (the wheel's build
+/// folder is removed once the wheel is made).
+pub(crate) fn test(sh: &Shell, root: &Path, long: bool, lean: bool) -> bool {
     let wheel = match build_wheel(sh, root) {
         Ok(wheel) => wheel,
         Err(e) => {
@@ -420,6 +421,9 @@ pub(crate) fn test(sh: &Shell, root: &Path, long: bool) -> bool {
             return false;
         }
     };
+    if lean {
+        crate::test::discard(&root.join(BUILD_DIR));
+    }
     let mut ok = typecheck(sh, root, &wheel);
     for &(minor, nixl) in INTERPRETERS {
         match ensure_venv(sh, root, minor, nixl, &wheel) {

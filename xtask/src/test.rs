@@ -13,6 +13,8 @@ struct Step {
     name: &'static str,
     ok: bool,
     took: Duration,
+    /// Bytes free on the disk of the build folder once the step ended.
+    free_after: Option<u64>,
     /// For a failed step run through [`Steps::run`], what the summary repeats
     /// of its output (CI often keeps only the end of a long log).
     digest: Vec<String>,
@@ -21,15 +23,18 @@ struct Step {
 /// The steps of `cargo xtask test`, each timed; all run, failed or not.
 struct Steps<'a> {
     sh: &'a Shell,
+    /// Where the disk's free space is read after each step.
+    target: &'a Path,
     /// Run only the steps whose name starts with one of these (all if none).
     chosen: &'a [String],
     done: Vec<Step>,
 }
 
 impl<'a> Steps<'a> {
-    fn new(sh: &'a Shell, chosen: &'a [String]) -> Steps<'a> {
+    fn new(sh: &'a Shell, target: &'a Path, chosen: &'a [String]) -> Steps<'a> {
         Steps {
             sh,
+            target,
             chosen,
             done: Vec::new(),
         }
@@ -50,6 +55,7 @@ impl<'a> Steps<'a> {
             name,
             ok,
             took: started.elapsed(),
+            free_after: free_space(self.sh, self.target),
             digest: if ok { Vec::new() } else { digest },
         });
     }
@@ -165,7 +171,7 @@ fn run_digested(cmd: Cmd<'_>) -> (bool, Vec<String>) {
 /// `cargo xtask test --quick`: what a change is checked with before the full
 /// run, a few minutes warm. No NIXL runtime is needed.
 pub(crate) fn quick(sh: &Shell, root: &Path) -> Result<(), u8> {
-    let mut steps = Steps::new(sh, &[]);
+    let mut steps = Steps::new(sh, root, &[]);
     steps.lint()?;
     let cargo = cargo();
     steps.run(
@@ -185,8 +191,36 @@ pub(crate) fn quick(sh: &Shell, root: &Path) -> Result<(), u8> {
     summary(steps.done)
 }
 
-pub(crate) fn test(sh: &Shell, ws: &Workspace, long: bool, chosen: &[String]) -> Result<(), u8> {
+/// How `cargo xtask test` runs: `--long`, `--lean` and the steps chosen.
+pub(crate) struct Run<'a> {
+    /// The long load runs too.
+    pub(crate) long: bool,
+    /// Each step's own build folder is removed once the step is done,
+    /// nothing is built incrementally, and debug builds keep line tables
+    /// only: for a run on a clean clone (CI), which has nothing to reuse,
+    /// on a disk that may be small.
+    pub(crate) lean: bool,
+    /// Only the steps whose names start with one of these (all if none).
+    pub(crate) chosen: &'a [String],
+}
+
+pub(crate) fn test(sh: &Shell, ws: &Workspace, how: &Run<'_>) -> Result<(), u8> {
+    let Run { long, lean, chosen } = *how;
     let root = ws.root.as_path();
+    if lean {
+        // Incremental data is a third of a debug build folder, and of use
+        // only to a later build of the same clone; full debug info is most
+        // of the rest, where line tables are enough for a backtrace.
+        sh.set_var("CARGO_INCREMENTAL", "0");
+        sh.set_var("CARGO_PROFILE_DEV_DEBUG", "line-tables-only");
+    }
+    if let Some(free) = free_space(sh, &ws.target) {
+        eprintln!(
+            "xtask test: {} free on the disk of {}",
+            gib(free),
+            ws.target.display()
+        );
+    }
     let runtime = nixl::provision(sh, root, "test")?;
     let venv = nixl::ensure_test_venv(sh, root).map_err(|e| {
         eprintln!("xtask test: {e}");
@@ -201,7 +235,7 @@ pub(crate) fn test(sh: &Shell, ws: &Workspace, long: bool, chosen: &[String]) ->
         ("NIXL_TESTS_REQUIRED", "1".to_owned()),
     ];
     let cargo = cargo();
-    let mut steps = Steps::new(sh, chosen);
+    let mut steps = Steps::new(sh, &ws.target, chosen);
 
     steps.lint()?;
 
@@ -226,6 +260,9 @@ pub(crate) fn test(sh: &Shell, ws: &Workspace, long: bool, chosen: &[String]) ->
             .env("RUSTFLAGS", "--cfg loom")
             .env("CARGO_TARGET_DIR", root.join("target/loom")),
     );
+    if lean {
+        discard(&root.join("target/loom"));
+    }
 
     // The suites of the memory-owning crates under AddressSanitizer, so that a
     // use-after-free fails here (stable rustc, unstable flag: see fuzz.rs).
@@ -246,12 +283,18 @@ pub(crate) fn test(sh: &Shell, ws: &Workspace, long: bool, chosen: &[String]) ->
         .env("ASAN_OPTIONS", "detect_leaks=0")
         .env("CARGO_TARGET_DIR", root.join("target/asan")),
     );
+    if lean {
+        discard(&root.join("target/asan"));
+    }
 
     // A short coverage-guided fuzz pass over the parsers of untrusted input.
     steps.run(
         "fuzz, 10 s per parser",
         cmd!(sh, "{cargo} run --quiet -p xtask -- fuzz --seconds 10"),
     );
+    if lean {
+        discard(&crate::fuzz::target_dir(root));
+    }
 
     steps.run(
         "rustdoc -D warnings",
@@ -340,7 +383,7 @@ pub(crate) fn test(sh: &Shell, ws: &Workspace, long: bool, chosen: &[String]) ->
     // once), the package installed with pip as a user installs it, then its
     // pytest suite (both backends, interop with the real Dynamo module).
     steps.time("python: wheel, pytest on 3.10-3.13", |sh| {
-        python::test(sh, root, long)
+        python::test(sh, root, long, lean)
     });
 
     // The soak of issue 48 (an hour): only in the long suite.
@@ -391,15 +434,49 @@ fn two_process(sh: &Shell, ws: &Workspace, env: &[(&str, String)]) -> bool {
     decoded && prefilled
 }
 
+/// Removes `dir`, a build folder no later step uses (`--lean`).
+pub(crate) fn discard(dir: &Path) {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => eprintln!("xtask test --lean: removed {}", dir.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => eprintln!("xtask test --lean: cannot remove {}: {e}", dir.display()),
+    }
+}
+
+/// Bytes free to us on the disk that holds `path` (`df`), if it tells.
+fn free_space(sh: &Shell, path: &Path) -> Option<u64> {
+    // The folder may not be made yet: its nearest ancestor that is.
+    let path = path.ancestors().find(|p| p.exists())?;
+    let out = cmd!(sh, "df -Pk {path}")
+        .quiet()
+        .ignore_stderr()
+        .read()
+        .ok()?;
+    // `Filesystem 1024-blocks Used Available Capacity Mounted-on`.
+    let available: u64 = out
+        .lines()
+        .nth(1)?
+        .split_whitespace()
+        .nth(3)?
+        .parse()
+        .ok()?;
+    available.checked_mul(1024)
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / f64::from(1u32 << 30))
+}
+
 /// Prints each step's outcome and time, and what failed steps said.
 fn summary(steps: Vec<Step>) -> Result<(), u8> {
     println!("\n== cargo xtask test: summary ==");
     for s in &steps {
         println!(
-            "  {:<30} {:<4} {:>7.1} s",
+            "  {:<30} {:<4} {:>7.1} s   {} free after",
             s.name,
             if s.ok { "ok" } else { "FAIL" },
-            s.took.as_secs_f64()
+            s.took.as_secs_f64(),
+            s.free_after.map_or_else(|| "? GiB".to_owned(), gib),
         );
     }
     for s in steps.iter().filter(|s| !s.digest.is_empty()) {
@@ -483,7 +560,7 @@ mod tests {
     #[test]
     fn a_step_that_succeeds_keeps_no_digest_and_one_that_cannot_start_says_why() {
         let sh = Shell::new().unwrap();
-        let mut steps = Steps::new(&sh, &[]);
+        let mut steps = Steps::new(&sh, Path::new("."), &[]);
         steps.run("passes", cmd!(sh, "true"));
         steps.run(
             "cannot start",
@@ -503,7 +580,7 @@ mod tests {
     fn chosen_steps_run_by_prefix_and_the_others_not_at_all() {
         let sh = Shell::new().unwrap();
         let chosen = ["two".to_owned()];
-        let mut steps = Steps::new(&sh, &chosen);
+        let mut steps = Steps::new(&sh, Path::new("."), &chosen);
         steps.time("two-process example (nixl)", |_| true);
         steps.time("tests + doc tests", |_| panic!("not chosen, must not run"));
         let names: Vec<&str> = steps.done.iter().map(|s| s.name).collect();
