@@ -78,7 +78,7 @@
 //! # Cost
 //!
 //! Per transfer, two reads of the CPU's time-stamp counter (where it is
-//! invariant; else of the monotonic clock) and about ten additions, each a
+//! invariant; else of the monotonic clock) and six additions, each a
 //! plain load and store: the counts on a transfer's path are kept per
 //! thread, in lines only that thread writes, and added up when encoded (up
 //! to 64 threads at once; more share one line, with atomic additions). No

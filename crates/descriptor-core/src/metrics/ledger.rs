@@ -27,13 +27,12 @@ const REVOCATIONS: usize = 2;
 const NOTIFICATIONS: usize = 3;
 const FIRST_DIRECTION: usize = 4;
 
-// A direction's counts, from its first.
-const POSTED: usize = 0;
-const POSTED_BYTES: usize = 1;
-const COMPLETED: usize = 2;
-const COMPLETED_BYTES: usize = 3;
+// A direction's counts, from its first. Its transfers posted and completed
+// are its two histograms' counts: each observes once per transfer.
+const POSTED_BYTES: usize = 0;
+const COMPLETED_BYTES: usize = 1;
 /// The descriptors' histogram; the durations' follows.
-const DESCRIPTORS: usize = 4;
+const DESCRIPTORS: usize = 2;
 
 /// One backend's counts.
 pub(super) struct Ledger {
@@ -91,7 +90,6 @@ impl Counting<'_> {
     #[inline]
     pub(super) fn posted(&self, direction: usize, bytes: u64, descriptors: u64) {
         let first = self.ledger.direction(direction);
-        self.line.add(first + POSTED, 1);
         self.line.add(first + POSTED_BYTES, bytes);
         self.ledger
             .descriptors
@@ -103,7 +101,6 @@ impl Counting<'_> {
     #[inline]
     pub(super) fn completed(&self, direction: usize, bytes: u64, nanos: u64) {
         let first = self.ledger.direction(direction);
-        self.line.add(first + COMPLETED, 1);
         self.line.add(first + COMPLETED_BYTES, bytes);
         self.ledger.duration.observe(&self.line, first, nanos);
     }
@@ -206,9 +203,13 @@ impl EncodeMetric for LedgerFamily {
                         let labels = [b, ("op", op), ("target", target)];
                         let series = encoder.encode_family(&labels)?;
                         match shown {
-                            Shown::Posted => counter(series, cells.sum(first + POSTED))?,
+                            Shown::Posted => {
+                                counter(series, ledger.descriptors.count(cells, first))?;
+                            }
                             Shown::PostedBytes => counter(series, cells.sum(first + POSTED_BYTES))?,
-                            Shown::Completed => counter(series, cells.sum(first + COMPLETED))?,
+                            Shown::Completed => {
+                                counter(series, ledger.duration.count(cells, first))?;
+                            }
                             Shown::CompletedBytes => {
                                 counter(series, cells.sum(first + COMPLETED_BYTES))?;
                             }

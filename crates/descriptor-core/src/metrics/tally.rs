@@ -29,43 +29,64 @@ pub(super) const OWNED: usize = 64;
 /// The slots held now, one bit each.
 static TAKEN: AtomicU64 = AtomicU64::new(0);
 
-/// A thread's slot (`None`: all were held when it first counted), given
-/// back when the thread exits.
-struct Slot(Option<usize>);
-
-impl Slot {
-    fn take() -> Slot {
-        let mut taken = TAKEN.load(Ordering::Relaxed);
-        loop {
-            let free = (!taken).trailing_zeros() as usize;
-            if free >= OWNED {
-                return Slot(None);
-            }
-            // Acquire: pairs with the release of the slot's last holder,
-            // whose stores to its lines then happen before our loads.
-            match TAKEN.compare_exchange_weak(
-                taken,
-                taken | 1 << free,
-                Ordering::Acquire,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return Slot(Some(free)),
-                Err(now) => taken = now,
-            }
+/// Takes a free slot; `None` when all are held.
+fn take_free() -> Option<usize> {
+    let mut taken = TAKEN.load(Ordering::Relaxed);
+    loop {
+        let free = (!taken).trailing_zeros() as usize;
+        if free >= OWNED {
+            return None;
+        }
+        // Acquire: pairs with the release of the slot's last holder, whose
+        // stores to its lines then happen before our loads.
+        match TAKEN.compare_exchange_weak(
+            taken,
+            taken | 1 << free,
+            Ordering::Acquire,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => return Some(free),
+            Err(now) => taken = now,
         }
     }
 }
 
-impl Drop for Slot {
+/// [`SLOT`] before the thread first counts.
+const UNTAKEN: usize = usize::MAX;
+
+/// Gives the thread's slot back when the thread exits.
+struct Hold;
+
+impl Drop for Hold {
     fn drop(&mut self) {
-        if let Some(slot) = self.0 {
+        // From here on the thread counts into the shared lines.
+        let slot = SLOT.replace(OWNED);
+        if slot < OWNED {
             TAKEN.fetch_and(!(1 << slot), Ordering::Release);
         }
     }
 }
 
 thread_local! {
-    static SLOT: Slot = Slot::take();
+    /// The thread's slot: [`UNTAKEN`], or [`OWNED`] for the shared lines.
+    /// Constant-initialised and without a destructor, so that reading it
+    /// is one thread-local load, with no state to check.
+    static SLOT: std::cell::Cell<usize> = const { std::cell::Cell::new(UNTAKEN) };
+    /// Registered, when the thread takes a slot, to give it back.
+    static HOLD: Hold = const { Hold };
+}
+
+/// The current thread's slot, taken now: [`OWNED`] when all were held, or
+/// when the thread is exiting (its [`HOLD`] is gone, and so could not give
+/// a slot back).
+#[cold]
+fn take() -> usize {
+    let slot = match HOLD.try_with(|_| ()) {
+        Ok(()) => take_free().unwrap_or(OWNED),
+        Err(_) => OWNED,
+    };
+    SLOT.set(slot);
+    slot
 }
 
 /// Where the current thread counts: its own lines, or the shared ones.
@@ -84,7 +105,10 @@ impl Shard {
     /// into the shared lines.
     #[inline]
     pub(super) fn current() -> Shard {
-        let slot = SLOT.try_with(|s| s.0).ok().flatten().unwrap_or(OWNED);
+        let slot = match SLOT.get() {
+            UNTAKEN => take(),
+            slot => slot,
+        };
         Shard {
             slot,
             _this_thread: PhantomData,
@@ -249,6 +273,14 @@ impl Buckets {
         line.add(from + self.sum, value);
     }
 
+    /// The observations of the histogram that starts at `from` of `cells`'
+    /// lines: its buckets' total.
+    pub(super) fn count(&self, cells: &Cells, from: usize) -> u64 {
+        (0..=self.bounds.len())
+            .map(|i| cells.sum(from + self.at + i))
+            .fold(0, u64::wrapping_add)
+    }
+
     /// Encodes the histogram that starts at `from` of `cells`' lines.
     pub(super) fn encode(
         &self,
@@ -266,7 +298,9 @@ impl Buckets {
             .collect();
         // The count is the buckets' total, so that a scrape in the middle
         // of an observation is consistent in itself.
-        let count = buckets.iter().map(|(_, n)| n).sum();
+        let count = buckets
+            .iter()
+            .fold(0u64, |total, (_, n)| total.wrapping_add(*n));
         let sum = cells.sum(from + self.sum) as f64 * self.scale;
         encoder.encode_histogram(
             sum,

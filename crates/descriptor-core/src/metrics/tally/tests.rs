@@ -2,7 +2,7 @@
 //! hold a slot, share the last line, or take a slot another thread gave back.
 #![allow(clippy::unwrap_used)]
 
-use std::sync::Barrier;
+use std::sync::{Barrier, OnceLock};
 
 use super::*;
 
@@ -85,4 +85,52 @@ fn a_histogram_counts_each_observation_in_the_first_bucket_that_holds_it() {
     assert_eq!(per_bucket, [2, 1, 2, 2]);
     assert_eq!(cells.sum(2 + BOUNDS.len() + 1), 1_015);
     assert_eq!((cells.sum(0), cells.sum(1)), (0, 0));
+}
+
+#[test]
+fn a_thread_local_destructor_that_counts_at_exit_counts_exactly() {
+    static CELLS: OnceLock<Cells> = OnceLock::new();
+    struct AtExit;
+    impl Drop for AtExit {
+        fn drop(&mut self) {
+            let cells = CELLS.get().unwrap();
+            cells.line(Shard::current()).add(0, 1);
+        }
+    }
+    thread_local! {
+        static AT_EXIT: AtExit = const { AtExit };
+    }
+    let cells = CELLS.get_or_init(|| Cells::new(1));
+    // Thread-local destructors run in the reverse order of their
+    // registration: with the slot taken first, the destructor counts into
+    // the thread's own line before the slot is given back; with the
+    // destructor registered first, it counts after, into the shared line.
+    for slot_first in [true, false] {
+        std::thread::spawn(move || {
+            if slot_first {
+                cells.line(Shard::current()).add(0, 1);
+            }
+            AT_EXIT.with(|_| ());
+            if !slot_first {
+                cells.line(Shard::current()).add(0, 1);
+            }
+        })
+        .join()
+        .unwrap();
+    }
+    assert_eq!(cells.sum(0), 4);
+}
+
+#[test]
+fn a_histograms_count_is_its_buckets_total() {
+    const BOUNDS: &[f64] = &[1.0, 2.0];
+    let h = Buckets::new(BOUNDS, 1.0, 0);
+    let cells = Cells::new(h.len());
+    let line = cells.line(Shard::current());
+    for value in [0, 2, 3, 9] {
+        h.observe(&line, 0, value);
+    }
+    assert_eq!(h.count(&cells, 0), 4);
+    // The sum is not a bucket.
+    assert_eq!(cells.sum(BOUNDS.len() + 1), 14);
 }
