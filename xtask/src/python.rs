@@ -421,9 +421,7 @@ pub(crate) fn test(sh: &Shell, root: &Path, long: bool, lean: bool) -> bool {
             return false;
         }
     };
-    if lean {
-        crate::test::discard(&root.join(BUILD_DIR));
-    }
+    crate::test::discard(lean, &root.join(BUILD_DIR));
     let mut ok = typecheck(sh, root, &wheel);
     for &(minor, nixl) in INTERPRETERS {
         match ensure_venv(sh, root, minor, nixl, &wheel) {

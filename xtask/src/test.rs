@@ -260,9 +260,7 @@ pub(crate) fn test(sh: &Shell, ws: &Workspace, how: &Run<'_>) -> Result<(), u8> 
             .env("RUSTFLAGS", "--cfg loom")
             .env("CARGO_TARGET_DIR", root.join("target/loom")),
     );
-    if lean {
-        discard(&root.join("target/loom"));
-    }
+    discard(lean, &root.join("target/loom"));
 
     // The suites of the memory-owning crates under AddressSanitizer, so that a
     // use-after-free fails here (stable rustc, unstable flag: see fuzz.rs).
@@ -283,18 +281,14 @@ pub(crate) fn test(sh: &Shell, ws: &Workspace, how: &Run<'_>) -> Result<(), u8> 
         .env("ASAN_OPTIONS", "detect_leaks=0")
         .env("CARGO_TARGET_DIR", root.join("target/asan")),
     );
-    if lean {
-        discard(&root.join("target/asan"));
-    }
+    discard(lean, &root.join("target/asan"));
 
     // A short coverage-guided fuzz pass over the parsers of untrusted input.
     steps.run(
         "fuzz, 10 s per parser",
         cmd!(sh, "{cargo} run --quiet -p xtask -- fuzz --seconds 10"),
     );
-    if lean {
-        discard(&crate::fuzz::target_dir(root));
-    }
+    discard(lean, &crate::fuzz::target_dir(root));
 
     steps.run(
         "rustdoc -D warnings",
@@ -434,8 +428,12 @@ fn two_process(sh: &Shell, ws: &Workspace, env: &[(&str, String)]) -> bool {
     decoded && prefilled
 }
 
-/// Removes `dir`, a build folder no later step uses (`--lean`).
-pub(crate) fn discard(dir: &Path) {
+/// Removes `dir`, a build folder no later step uses, when `lean`
+/// (`--lean`).
+pub(crate) fn discard(lean: bool, dir: &Path) {
+    if !lean {
+        return;
+    }
     match std::fs::remove_dir_all(dir) {
         Ok(()) => eprintln!("xtask test --lean: removed {}", dir.display()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
