@@ -1,6 +1,7 @@
 //! The soak's part of docs/performance.md: `cargo xtask soak` writes
 //! [`REPORTS`] (the reports of the modules it ran, with the machine's date and
-//! commit) and [`PLOT`] (RSS and verified operations per second against time,
+//! commit, and the latest earlier report of each module it did not run, with
+//! theirs) and [`PLOT`] (RSS and verified operations per second against time,
 //! server and client, one line per module); [`section`] renders them on the
 //! page, which `publish` regenerates from docs/bench-report.json.
 
@@ -17,16 +18,44 @@ pub(crate) const REPORTS: &str = "docs/soak-report.json";
 /// The soak's picture, from the workspace root (linked from the page).
 pub(crate) const PLOT: &str = "docs/soak.svg";
 
-/// What [`REPORTS`] holds.
+/// What [`REPORTS`] holds: one run, and the earlier runs of the modules it
+/// did not run (a 60-minute run of ours beside Dynamo's reference, say).
 #[derive(Debug, Serialize, Deserialize)]
 struct Published {
     command: String,
     date: String,
     commit: String,
     reports: Vec<Report>,
+    /// Earlier runs, each holding only the modules no later run holds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    earlier: Vec<Published>,
 }
 
-/// Writes [`REPORTS`] and [`PLOT`] for `reports` (one run of each module).
+impl Published {
+    /// This run's reports, then the earlier runs'.
+    fn all_reports(&self) -> impl Iterator<Item = &Report> {
+        self.reports
+            .iter()
+            .chain(self.earlier.iter().flat_map(|e| e.reports.iter()))
+    }
+
+    /// The runs before `self` with only the modules `self` did not run; the
+    /// rest of `self.earlier` is dropped.
+    fn keep_earlier(mut self, ran: &[&str]) -> Vec<Published> {
+        let mut earlier = std::mem::take(&mut self.earlier);
+        earlier.insert(0, self);
+        earlier
+            .into_iter()
+            .filter_map(|mut run| {
+                run.reports.retain(|r| !ran.contains(&r.module.as_str()));
+                (!run.reports.is_empty()).then_some(run)
+            })
+            .collect()
+    }
+}
+
+/// Writes [`REPORTS`] and [`PLOT`] for `reports` (one run of each module),
+/// keeping from the last [`REPORTS`] the modules this run did not run.
 pub(crate) fn publish(
     sh: &Shell,
     root: &Path,
@@ -34,18 +63,25 @@ pub(crate) fn publish(
     command: String,
 ) -> Result<(), String> {
     let read = |c: xshell::Cmd<'_>| c.quiet().read().unwrap_or_else(|_| "not recorded".into());
+    let ran: Vec<&str> = reports.iter().map(|r| r.module.as_str()).collect();
+    let earlier = std::fs::read_to_string(root.join(REPORTS))
+        .ok()
+        .and_then(|text| serde_json::from_str::<Published>(&text).ok())
+        .map_or_else(Vec::new, |last| last.keep_earlier(&ran));
     let published = Published {
         command,
         date: read(cmd!(sh, "date -u +%Y-%m-%dT%H:%MZ")),
         commit: read(cmd!(sh, "git rev-parse --short=12 HEAD")),
         reports,
+        earlier,
     };
     let json = serde_json::to_string_pretty(&published).map_err(|e| e.to_string())?;
     let write = |path: &str, text: String| {
         std::fs::write(root.join(path), text).map_err(|e| format!("write {path}: {e}"))
     };
     write(REPORTS, json + "\n")?;
-    write(PLOT, svg(&published.reports))
+    let shown: Vec<&Report> = published.all_reports().collect();
+    write(PLOT, svg(&shown))
 }
 
 /// The page's soak section, from [`REPORTS`]; `None` when there is none (or
@@ -64,21 +100,34 @@ pub(crate) fn section(root: &Path) -> Option<String> {
 
 fn render(p: &Published) -> String {
     let mut w = String::new();
+    let runs: Vec<String> = std::iter::once(p)
+        .chain(&p.earlier)
+        .map(|run| {
+            let modules: Vec<&str> = run.reports.iter().map(|r| module_name(&r.module)).collect();
+            format!(
+                "{}: `{}`, {}, commit {}",
+                modules.join(" and "),
+                run.command,
+                run.date,
+                run.commit
+            )
+        })
+        .collect();
     let _ = writeln!(
         w,
         "## Soak\n\n\
          The mixed workload of issue 48 (`crates/nixl-connect-py/soak/soak.py`: a \
          long-lived server and client, a peer restarted every 30 s and every third \
          one killed mid-transfer, about 5% of operations abandoned, every byte \
-         checked) on NIXL, one run per module: `{}`, {}, commit {}. Full tables: \
+         checked) on NIXL, one run per module: {}. Full tables: \
          `target/soak/<module>/report.md` of that run; the numbers here are from \
          [soak-report.json](soak-report.json).\n\n\
          ![RSS and verified operations per second against time](soak.svg)\n\n\
-         | module | process | verified/s first | last | last / first | peak RSS MiB | RSS MiB/hour once warm | wrong bytes |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|",
-        p.command, p.date, p.commit
+         | module | process | minutes | verified/s first | last | last / first | peak RSS MiB | RSS MiB/hour once warm | wrong bytes |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|",
+        runs.join("; ")
     );
-    for r in &p.reports {
+    for r in p.all_reports() {
         for proc in r
             .processes
             .iter()
@@ -91,9 +140,10 @@ fn render(p: &Published) -> String {
             };
             let _ = writeln!(
                 w,
-                "| {} | {} | {:.1} | {:.1} | {ratio} | {:.0} | {} | {} |",
+                "| {} | {} | {} | {:.1} | {:.1} | {ratio} | {:.0} | {} | {} |",
                 module_name(&r.module),
                 proc.role,
+                r.minutes,
                 proc.ok_per_s_first,
                 proc.ok_per_s_last,
                 proc.peak_rss_mib,
@@ -103,7 +153,7 @@ fn render(p: &Published) -> String {
             );
         }
     }
-    for r in &p.reports {
+    for r in p.all_reports() {
         let _ = writeln!(
             w,
             "\n{} ({} minutes; throughput compares {}): {}.",
@@ -140,7 +190,7 @@ type Line<'a> = (String, bool, &'a str, Vec<(f64, f64, f64)>);
 
 /// Two panels against minutes: RSS (MiB) above, verified operations per
 /// second below; a colour per process, solid for ours, dashed for Dynamo's.
-fn svg(reports: &[Report]) -> String {
+fn svg(reports: &[&Report]) -> String {
     let (w, panel, left, right, top, gap) = (760.0, 220.0, 70.0, 190.0, 40.0, 60.0);
     let h = top + 2.0 * panel + gap + 50.0;
     let lines: Vec<Line> = reports
@@ -156,7 +206,7 @@ fn svg(reports: &[Report]) -> String {
                         .map(|m| (m.minute as f64, m.rss_mib, m.ok_per_s))
                         .collect();
                     (
-                        format!("{} {}", module_name(&r.module), p.role),
+                        format!("{} {} ({} min)", module_name(&r.module), p.role, r.minutes),
                         r.module == "dyn",
                         if p.role == "server" {
                             "#1f77b4"
@@ -280,6 +330,7 @@ mod tests {
             date: "2026-12-07T00:00Z".into(),
             commit: "0123456789ab".into(),
             reports: vec![ours, dynamo],
+            earlier: Vec::new(),
         });
         assert!(page.starts_with("## Soak\n"), "{page}");
         assert!(page.contains("](soak.svg)"), "{page}");
@@ -292,10 +343,56 @@ mod tests {
             assert!(page.contains(row), "{row} missing:\n{page}");
         }
         assert!(!page.contains("| peer |"), "{page}");
-        let plot = svg(&[run("ours"), run("dyn")]);
+        let plot = svg(&[&run("ours"), &run("dyn")]);
         assert!(plot.starts_with("<svg ") && plot.ends_with("</svg>\n"));
         // Two panels, four lines each; Dynamo's dashed.
         assert_eq!(plot.matches("<polyline").count(), 8, "{plot}");
         assert_eq!(plot.matches("stroke-dasharray").count(), 4 + 2, "{plot}");
+    }
+
+    #[test]
+    fn a_run_keeps_the_latest_earlier_report_of_each_module_it_did_not_run() {
+        let run = |command: &str, modules: &[&str]| Published {
+            command: command.into(),
+            date: "2026-12-07T00:00Z".into(),
+            commit: "0123456789ab".into(),
+            reports: modules
+                .iter()
+                .map(|&m| {
+                    let mut r = report(3.0, |_| 20.0, |_| 400.0, false);
+                    r.module = m.to_owned();
+                    r
+                })
+                .collect(),
+            earlier: Vec::new(),
+        };
+        let modules = |p: &[Published]| -> Vec<(String, Vec<String>)> {
+            p.iter()
+                .map(|r| {
+                    (
+                        r.command.clone(),
+                        r.reports.iter().map(|r| r.module.clone()).collect(),
+                    )
+                })
+                .collect()
+        };
+        let both = run("both", &["ours", "dyn"]);
+        let earlier = both.keep_earlier(&["ours"]);
+        assert_eq!(modules(&earlier), [("both".into(), vec!["dyn".into()])]);
+        // Ours again: Dynamo's report stays the one of the first run.
+        let mut ours = run("ours", &["ours"]);
+        ours.earlier = earlier;
+        let page = render(&ours);
+        assert!(
+            page.contains("nixl_connect: `ours`") && page.contains("Dynamo 1.6.1: `both`"),
+            "{page}"
+        );
+        assert_eq!(page.matches("| Dynamo 1.6.1 |").count(), 2, "{page}");
+        let earlier = ours.keep_earlier(&["ours"]);
+        assert_eq!(modules(&earlier), [("both".into(), vec!["dyn".into()])]);
+        // Both again: nothing earlier is kept.
+        let mut again = run("both", &["ours", "dyn"]);
+        again.earlier = earlier;
+        assert!(again.keep_earlier(&["ours", "dyn"]).is_empty());
     }
 }
