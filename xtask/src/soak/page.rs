@@ -32,11 +32,16 @@ struct Published {
 }
 
 impl Published {
-    /// This run's reports, then the earlier runs'.
-    fn all_reports(&self) -> impl Iterator<Item = &Report> {
-        self.reports
+    /// Every report shown, whichever run it is from: ours first, then
+    /// Dynamo's.
+    fn all_reports(&self) -> Vec<&Report> {
+        let mut all: Vec<&Report> = self
+            .reports
             .iter()
             .chain(self.earlier.iter().flat_map(|e| e.reports.iter()))
+            .collect();
+        all.sort_by_key(|r| r.module == "dyn");
+        all
     }
 
     /// The runs before `self` with only the modules `self` did not run; the
@@ -80,8 +85,7 @@ pub(crate) fn publish(
         std::fs::write(root.join(path), text).map_err(|e| format!("write {path}: {e}"))
     };
     write(REPORTS, json + "\n")?;
-    let shown: Vec<&Report> = published.all_reports().collect();
-    write(PLOT, svg(&shown))
+    write(PLOT, svg(&published.all_reports()))
 }
 
 /// The page's soak section, from [`REPORTS`]; `None` when there is none (or
