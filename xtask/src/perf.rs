@@ -254,13 +254,17 @@ The movers:
 - The `py-` movers are the Python package `nixl_connect` against Dynamo's
   own `nixl_connect` and the Rust API, one worker process each, measured in
   turns (crates/nixl-connect-py/bench/bench.py).
-- The storage movers move blocks between memory (one page-aligned arena)
-  and a file of their own (examples/bench/src/storage.rs): `file-plain`
+- The storage movers move blocks between memory (one page-aligned arena
+  each) and a file, taking turns on the same file, so that where its
+  blocks lie on the disk is the same for all (examples/bench/src/storage.rs): `file-plain`
   is `pread`/`pwrite` on the thread, one call per run of neighbouring
   blocks, `file-uring` the same runs through io_uring with up to 64 in
   flight (where io_uring can be set up); `nixl-sys-posix-raw` is nixl-sys's POSIX plugin (AIO) without
   this library, memory and file registered once, one request per transfer
-  with a descriptor per block, polled with a yield; `loopback-file` and
+  with a descriptor per block, polled with a yield, and
+  `nixl-sys-posix-raw-twin` a second one, whose ratio to the first is the
+  row's resolution (given with each storage target);
+  `loopback-file` and
   `nixl-file` are `Connector::begin_file_write`/`begin_file_read` and
   `wait` over a `BlockPool`. `-scattered`: every other block of the file,
   so none merge. The page cache rows read from and write into cached pages

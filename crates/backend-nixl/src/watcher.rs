@@ -63,8 +63,23 @@ enum InFlight {
     /// Transfers to peers: the back-off's naps are capped at
     /// [`Tuning::transfer_cap`].
     Transfer,
-    /// A storage transfer: polled without naps.
+    /// A storage transfer that no waiter polls: polled without naps.
     Storage,
+}
+
+impl InFlight {
+    /// What a running transfer asks of the watcher: a storage transfer
+    /// only while no waiting thread polls it (`assisted`). NIXL's POSIX
+    /// plugin submits queued I/O only when asked about the transfer, and a
+    /// waiter that polls asks: a watcher spinning beside it only contends
+    /// (decision 0015, "Measured again").
+    fn of(storage: bool, assisted: bool) -> InFlight {
+        if storage && !assisted {
+            InFlight::Storage
+        } else {
+            InFlight::Transfer
+        }
+    }
 }
 
 /// What the watcher has to look for, shared under [`Live::agenda`].
@@ -238,14 +253,11 @@ impl Live {
             if t.finished.is_some() {
                 continue;
             }
-            let running = if t.storage {
-                InFlight::Storage
-            } else {
-                InFlight::Transfer
-            };
-            if t.assisted
-                .is_some_and(|at| at.elapsed() < self.tuning.assisted)
-            {
+            let assisted = t
+                .assisted
+                .is_some_and(|at| at.elapsed() < self.tuning.assisted);
+            let running = InFlight::of(t.storage, assisted);
+            if assisted {
                 in_flight = in_flight.max(running);
                 continue;
             }
@@ -391,5 +403,25 @@ impl Live {
             t.notified(state.clone());
         }
         state
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::InFlight;
+
+    #[test]
+    fn only_a_storage_transfer_nobody_polls_keeps_the_watcher_from_napping() {
+        assert_eq!(InFlight::of(true, false), InFlight::Storage);
+        assert_eq!(InFlight::of(true, true), InFlight::Transfer);
+        assert_eq!(InFlight::of(false, false), InFlight::Transfer);
+        assert_eq!(InFlight::of(false, true), InFlight::Transfer);
+        // The most demanding transfer of a pass decides.
+        assert_eq!(
+            [InFlight::of(true, true), InFlight::of(true, false)]
+                .into_iter()
+                .max(),
+            Some(InFlight::Storage)
+        );
     }
 }

@@ -226,7 +226,7 @@ fn bandwidth(
     let mut sweeps: Vec<Vec<Row>> = Vec::new();
     for run in 1..=runs {
         // Sizes asked for by name are measured with every mover.
-        sweeps.push(sweep(movers, quick, &sizes, runs, only.is_some())?);
+        sweeps.push(sweep(movers, quick, &sizes, runs, run, only.is_some())?);
         eprintln!("bench: sweep {run} of {runs} done");
     }
     // The first sweep's rows, in measurement order, take the medians.
@@ -261,14 +261,15 @@ fn bandwidth(
     Ok(rows)
 }
 
-/// One sweep: every size, the movers taking turns round by round, each round
-/// in a new order; at each size only the movers measured there
-/// ([`Mover::measures`]), or every one (`every`).
+/// Sweep `run` of `runs`: every size, the movers taking turns round by
+/// round, each round in a new order; at each size only the movers measured
+/// there ([`Mover::measures`]), or every one (`every`).
 fn sweep(
     movers: &mut [Box<dyn Mover>],
     quick: bool,
     sizes: &[(usize, usize)],
     runs: usize,
+    run: usize,
     every: bool,
 ) -> Res<Vec<Row>> {
     let mut rows = Vec::new();
@@ -303,9 +304,14 @@ fn sweep(
                 }
             }
             // Each round gives every mover a turn, in a new order (shuffled,
-            // the same every run), so drift in the machine hits all alike.
+            // the same in every bench run, other in each sweep), so drift in
+            // the machine hits all alike, and no mover keeps places in the
+            // rounds that every sweep, and so their median, would repeat
+            // (decision 0015, "Measured again").
             let mut order: Vec<usize> = (0..movers.len()).collect();
-            let mut shuffle = Shuffle::new(block as u64 ^ blocks as u64);
+            let seed =
+                block as u64 ^ blocks as u64 ^ (run as u64).wrapping_mul(0xA24B_AED4_963E_E407);
+            let mut shuffle = Shuffle::new(seed);
             for turn in turns(iters) {
                 shuffle.permute(&mut order);
                 for &i in &order {
@@ -580,6 +586,10 @@ fn storage_rows(
             continue;
         }
         for placement in [Placement::Contiguous, Placement::Scattered] {
+            // The page cache rows' writes are never synced: written back
+            // now, not during the next sweep, whose disk they would share.
+            // SAFETY: `sync` takes no arguments and touches no memory of ours.
+            unsafe { libc::sync() };
             let mut movers = storage::movers(&dir, placement, cache)?;
             rows.extend(bandwidth(&mut movers, quick, Some(&sizes), runs)?);
             eprintln!("bench: storage rows, {placement:?} blocks, {cache:?} cache, done");

@@ -8,6 +8,8 @@
 //! - `nixl-sys-posix-raw`: nixl-sys's POSIX plugin without our layer: memory
 //!   and file registered once, a request per transfer with one descriptor
 //!   per block, polled with a yield, as a user of nixl-sys writes it;
+//! - `nixl-sys-posix-raw-twin`: a second `nixl-sys-posix-raw` (an agent of
+//!   its own): its ratio to the first is the row's resolution;
 //! - `loopback-file` and `nixl-file`: `Connector::begin_file_write` /
 //!   `begin_file_read` and `wait`, over one `BlockPool` and one file.
 //!
@@ -16,8 +18,12 @@
 //! memory stays one arena), and two caches: the page cache (the file
 //! written once before the timed transfers, so a READ copies from cached
 //! pages and a WRITE into them) and `O_DIRECT` (`*-direct`: every transfer
-//! reaches the disk, page-aligned memory and offsets). Every mover has its
-//! own file under `target/bench/storage-files`, removed at the end.
+//! reaches the disk, page-aligned memory and offsets). The movers of a
+//! placement and cache take turns on one file under
+//! `target/bench/storage-files` (each prepares it anew for a size, with the
+//! same bytes, and checks what it moved before the next one runs), so that
+//! where its blocks lie on the disk is the same for all; it is removed at
+//! the end.
 
 use std::alloc::{Layout as AllocLayout, alloc_zeroed, dealloc};
 use std::fs::{File, OpenOptions};
@@ -68,12 +74,13 @@ enum Kind {
     Plain,
     Uring,
     Raw,
+    RawTwin,
     Loopback,
     Nixl,
 }
 
 /// Every storage mover's name: `[kind][placement][cache]`.
-const NAMES: [[[&str; 2]; 2]; 5] = [
+const NAMES: [[[&str; 2]; 2]; 6] = [
     [
         ["file-plain", "file-plain-direct"],
         ["file-plain-scattered", "file-plain-scattered-direct"],
@@ -87,6 +94,13 @@ const NAMES: [[[&str; 2]; 2]; 5] = [
         [
             "nixl-sys-posix-raw-scattered",
             "nixl-sys-posix-raw-scattered-direct",
+        ],
+    ],
+    [
+        ["nixl-sys-posix-raw-twin", "nixl-sys-posix-raw-twin-direct"],
+        [
+            "nixl-sys-posix-raw-twin-scattered",
+            "nixl-sys-posix-raw-twin-scattered-direct",
         ],
     ],
     [
@@ -143,12 +157,17 @@ pub(crate) fn direct_works(dir: &Path) -> Res<bool> {
     Ok(opened.is_ok())
 }
 
-/// The four movers of one placement and cache, files under `dir`.
+/// The six movers of one placement and cache, files under `dir`.
 pub(crate) fn movers(dir: &Path, placement: Placement, cache: Cache) -> Res<Vec<Box<dyn Mover>>> {
-    let file = |kind| dir.join(name(kind, placement, cache));
+    // One file for all: the same blocks on disk, whose place on a virtual
+    // disk alone made two raw movers differ by up to 1.6 x with O_DIRECT.
+    let file = dir.join(format!(
+        "blocks{}",
+        &name(Kind::Plain, placement, cache)["file-plain".len()..]
+    ));
     let shape = |kind| Shape {
         name: name(kind, placement, cache),
-        path: file(kind),
+        path: file.clone(),
         placement,
         cache,
     };
@@ -174,6 +193,7 @@ pub(crate) fn movers(dir: &Path, placement: Placement, cache: Cache) -> Res<Vec<
     }
     movers.extend([
         Box::new(RawPosix::new(shape(Kind::Raw))?) as Box<dyn Mover>,
+        Box::new(RawPosix::new(shape(Kind::RawTwin))?),
         Box::new(Ours::new(shape(Kind::Loopback), loopback)),
         Box::new(Ours::new(shape(Kind::Nixl), nixl)),
     ]);
