@@ -886,13 +886,13 @@ mod tests {
         assert_eq!(xml("nixl-sys-raw 64 KiB"), "nixl-sys-raw 64 KiB");
     }
 
-    #[test]
-    fn the_plot_has_a_line_and_a_label_per_backend_measured() {
-        let row = |backend, block_bytes, gbps| Row {
+    /// A READ row of `blocks` x `block_bytes` at `gbps`.
+    fn read_row(backend: &'static str, block_bytes: usize, blocks: usize, gbps: f64) -> Row {
+        Row {
             backend,
             op: "read",
             block_bytes,
-            blocks: 1,
+            blocks,
             gbps,
             p50_us: 1.0,
             p99_us: 2.0,
@@ -901,7 +901,12 @@ mod tests {
             p50_runs_us: vec![1.0],
             iterations: 9,
             registrations: None,
-        };
+        }
+    }
+
+    #[test]
+    fn the_plot_has_a_line_and_a_label_per_backend_measured() {
+        let row = |backend, block_bytes, gbps| read_row(backend, block_bytes, 1, gbps);
         let rows = [
             row("memcpy", 4096, 10.0),
             row("memcpy", 1 << 20, 20.0),
@@ -925,18 +930,8 @@ mod tests {
     #[test]
     fn storage_targets_give_the_raw_twins_spread_as_their_resolution() {
         let row = |backend, block_bytes, gbps, registrations| Row {
-            backend,
-            op: "read",
-            block_bytes,
-            blocks: 64,
-            gbps,
-            p50_us: 1.0,
-            p99_us: 2.0,
-            mean_us: 1.5,
-            slow: 0.0,
-            p50_runs_us: vec![1.0],
-            iterations: 10,
             registrations,
+            ..read_row(backend, block_bytes, 64, gbps)
         };
         let rows = [
             row("file-plain-direct", 4096, 1.0, None),
