@@ -288,7 +288,7 @@ pub(crate) fn storage_targets(stored: &[Row]) -> Vec<String> {
                 .min_by(|a, b| a.0.total_cmp(&b.0))
         };
         // The resolution of the rows from `min_block`: how far the raw twin
-        // strays from raw, the same code on a file of its own.
+        // (the same code, an agent of its own) strays from raw.
         let raw = format!("nixl-sys-posix-raw{suffix}");
         let twin = format!("{RAW_TWIN}{suffix}");
         let resolution = |min_block: usize| {

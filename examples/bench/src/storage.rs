@@ -159,12 +159,9 @@ pub(crate) fn direct_works(dir: &Path) -> Res<bool> {
 
 /// The six movers of one placement and cache, files under `dir`.
 pub(crate) fn movers(dir: &Path, placement: Placement, cache: Cache) -> Res<Vec<Box<dyn Mover>>> {
-    // One file for all: the same blocks on disk, whose place on a virtual
-    // disk alone made two raw movers differ by up to 1.6 x with O_DIRECT.
-    let file = dir.join(format!(
-        "blocks{}",
-        &name(Kind::Plain, placement, cache)["file-plain".len()..]
-    ));
+    // One file for all, so that where its blocks lie on the disk is the
+    // same for every mover.
+    let file = dir.join(format!("blocks-{placement:?}-{cache:?}"));
     let shape = |kind| Shape {
         name: name(kind, placement, cache),
         path: file.clone(),
